@@ -1,0 +1,93 @@
+"""`dsv41 check`: install a profile line into the pinned engine in a child Python, report.
+
+The child runs with exactly the line's environment (plus PATH/HOME and PYTHONPATH=<repo root>, as
+the image sets it) and the line's launch arguments as its argv, so sitecustomize.py arms the
+installer the way it does in production. The child then imports every engine module of the
+table and writes each adapter's state as JSON. Exit 0 only when every enabled adapter installed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+from adapter import keys
+from adapter.profile import Line
+from adapter.table import ADAPTERS, HOOKS
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+BASE_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
+
+
+def child_env(line: Line) -> dict[str, str]:
+    env = {k: os.environ[k] for k in BASE_ENV_KEYS if k in os.environ}
+    env.update(line.env)
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    return env
+
+
+def run(line: Line) -> tuple[int, list[dict], str]:
+    """Returns (child exit code, rows, child stderr)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = pathlib.Path(tmp) / "report.json"
+        proc = subprocess.run([sys.executable, "-m", "adapter.check", "--child", str(out), *line.args],
+                              env=child_env(line), cwd=REPO_ROOT, capture_output=True, text=True)
+        states = json.loads(out.read_text()) if out.exists() else {}
+    rows = []
+    for name in ADAPTERS:
+        state = states.get(name)
+        adapter_keys = {k.name: line.env[k.name] for k in keys.KEYS
+                        if k.adapter == name and k.name in line.env}
+        if state is None:
+            reason = _last_fatal(proc.stderr) or f"child exited {proc.returncode}"
+            state = {"status": "refused" if adapter_keys else "off", "pin_ok": None, "detail": reason}
+        rows.append({"adapter": name, "keys": adapter_keys, "enabled": state["status"] != "off",
+                     "pin_ok": state["pin_ok"], "installed": state["status"] == "installed",
+                     "status": state["status"], "reason": state["detail"]})
+    return proc.returncode, rows, proc.stderr
+
+
+def _last_fatal(stderr: str) -> str:
+    fatal = [ln for ln in stderr.splitlines() if "FATAL" in ln]
+    return fatal[-1].strip() if fatal else ""
+
+
+def ok(returncode: int, rows: list[dict]) -> bool:
+    return returncode == 0 and all(r["installed"] for r in rows if r["enabled"])
+
+
+def format_table(rows: list[dict]) -> str:
+    head = ("adapter", "key=value", "pin ok", "installed", "reason")
+    body = [(r["adapter"], " ".join(f"{k}={v}" for k, v in r["keys"].items()) or "-",
+             {True: "yes", False: "NO", None: "-"}[r["pin_ok"]],
+             "yes" if r["installed"] else ("off" if not r["enabled"] else "NO"),
+             r["reason"].splitlines()[0] if r["reason"] else "") for r in rows]
+    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head) - 1)]
+    lines = []
+    for cells in [head, *body]:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths)) + "  " + cells[-1])
+    return "\n".join(lines)
+
+
+def _child(out_path: str) -> int:
+    """Inside the child: import the engine modules of the table, report each adapter's state."""
+    from adapter import cpu_engine, installer
+
+    installer.set_mode("report")
+    installer.bootstrap()   # already armed by sitecustomize when a key is set; else arms nothing
+    cpu_engine.install_torchvision_shim()   # only where no real torchvision is importable
+    for module in dict.fromkeys(h.module for h in HOOKS):
+        __import__(module)
+    states = {name: {"status": s.status, "pin_ok": s.pin_ok, "detail": s.detail}
+              for name, s in installer.status().items()}
+    pathlib.Path(out_path).write_text(json.dumps(states))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "--child":
+        sys.exit(_child(sys.argv[2]))
+    sys.exit("usage: python -m adapter.check --child OUT.json [launch args]  (use `dsv41 check`)")

@@ -1,0 +1,125 @@
+"""The `dsv41` command."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+SIMS = {  # `dsv41 sim NAME` -> module with main(argv) -> int
+    "yield": "adapter.sims.decode_yield",
+    "thin": "adapter.sims.swa_thin",
+    "cone": "adapter.sims.swa_cone",
+    "autotune": "adapter.sims.autotune_keep",
+    "all": "adapter.sims.all",
+}
+
+
+def cmd_check(args) -> int:
+    from adapter import check, profile
+
+    try:
+        line = profile.load_line(args.profile, args.line)
+    except (OSError, profile.ProfileError) as exc:
+        print(f"dsv41 check: {exc}", file=sys.stderr)
+        return 2
+    code, rows, stderr = check.run(line)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(f"profile {args.profile} line {args.line}: "
+              f"{sum(r['installed'] for r in rows)} of {sum(r['enabled'] for r in rows)} enabled adapters installed")
+        print(check.format_table(rows))
+    receipts = [ln for ln in stderr.splitlines() if "[dsv41]" in ln]
+    if receipts and not args.json:
+        print("\nreceipt lines from the child:\n" + "\n".join(receipts))
+    if code != 0:
+        print(f"dsv41 check: child exited {code}:\n{stderr[-4000:]}", file=sys.stderr)
+    return 0 if check.ok(code, rows) else 1
+
+
+def cmd_pins(args) -> int:
+    from adapter import cpu_engine, pins
+
+    cpu_engine.install_torchvision_shim()
+    if args.update:
+        new = pins.update()
+        print(f"wrote {pins.PINS_FILE.name}: {len(new)} pins for {pins.ENGINE}")
+        return 0
+    pinned, found, bad = pins.load(), pins.current(), 0
+    for pin_id, sha in found.items():
+        state = "ok" if pinned.get(pin_id) == sha else "DRIFT"
+        bad += state != "ok"
+        print(f"{state:5s} {pin_id} {sha[:16]}")
+    return 1 if bad else 0
+
+
+def cmd_keys(args) -> int:
+    from adapter import keys
+
+    if args.volatile:
+        names = keys.volatile_keys()
+        print(json.dumps(list(names)) if args.json else "\n".join(names))
+        return 0
+    rows = [{"key": k.name, "adapter": k.adapter, "kind": k.kind, "default": k.default,
+             "range": [k.lo, k.hi], "volatile": k.volatile, "test_only": k.test_only, "doc": k.doc}
+            for k in keys.KEYS]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        for r in rows:
+            print(f"{r['key']:26s} {r['adapter']:14s} {r['kind']:4s} default={r['default']} "
+                  f"{'volatile' if r['volatile'] else 'launch'}{' test-only' if r['test_only'] else ''}"
+                  f"  {r['doc']}")
+    return 0
+
+
+def cmd_sim(args, rest) -> int:
+    return importlib.import_module(SIMS[args.name]).main(rest)
+
+
+def cmd_profile(args) -> int:
+    from adapter import profile_diff
+
+    return profile_diff.main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dsv41", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("check", help="install a profile line into the pinned engine and report")
+    c.add_argument("--profile", required=True)
+    c.add_argument("--line", default="production")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=cmd_check)
+    pn = sub.add_parser("pins", help="check (or --update) the source pins of wrapped callables")
+    pn.add_argument("--update", action="store_true")
+    pn.set_defaults(func=cmd_pins)
+    k = sub.add_parser("keys", help="list the DSV41_* keys")
+    k.add_argument("--volatile", action="store_true")
+    k.add_argument("--json", action="store_true")
+    k.set_defaults(func=cmd_keys)
+    s = sub.add_parser("sim", help="simulations on the real engine classes", add_help=False)
+    s.add_argument("name", choices=sorted(SIMS))
+    s.set_defaults(func=cmd_sim, takes_rest=True)
+    pr = sub.add_parser("profile", help="compare profile lines")
+    pr.add_argument("action", choices=["diff"])
+    pr.add_argument("a")
+    pr.add_argument("b")
+    pr.add_argument("--line", default="production")
+    pr.add_argument("--json", action="store_true")
+    pr.set_defaults(func=cmd_profile)
+    return p
+
+
+def main(argv=None) -> int:
+    args, rest = build_parser().parse_known_args(argv)
+    if getattr(args, "takes_rest", False):
+        return args.func(args, rest)
+    if rest:
+        build_parser().error(f"unrecognized arguments: {' '.join(rest)}")
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""Installs the enabled adapters into the engine, right after their engine modules import.
+
+Both entry paths call `bootstrap()`: sitecustomize.py (every Python process of the image) and
+the SGLang plugin entry point (`load_plugins()` in every engine process). State is per process,
+so an adapter installs exactly once whichever path runs first.
+
+Per install group (adapters that share a callable, adapter/table.py): wait until one of its
+engine modules has finished importing, import the others, check every pin of every adapter in
+the group, let each adapter's install() name its hooks, register them with the engine's
+HookRegistry in table order (first row innermost) and apply them. A refusal (pin drift, a
+broken install) stops the boot: the message names the key to unset, on stderr and in the log,
+and the process exits 3, because the engine's load_plugins() would log and swallow a raised
+exception. `dsv41 check` runs the same path in "report" mode, which records instead of exiting.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+import os
+import sys
+import traceback
+from typing import Callable, Optional
+
+from adapter import keys, receipts
+from adapter.table import ADAPTERS, HOOKS, Hook, hooks_of, install_groups, modules_of
+
+EXIT_CONFIG = 2
+EXIT_REFUSED = 3
+PLUGIN_NAME = "dsv41"
+
+
+class Refusal(Exception):
+    pass
+
+
+@dataclasses.dataclass
+class AdapterState:
+    status: str = "waiting"         # off | waiting | installed | refused
+    detail: str = ""
+    pin_ok: Optional[bool] = None
+
+
+@dataclasses.dataclass
+class _State:
+    mode: str = "boot"              # boot: a refusal exits; report: it is recorded (dsv41 check)
+    settings: Optional[keys.Settings] = None
+    pending: list = dataclasses.field(default_factory=list)
+    busy: set = dataclasses.field(default_factory=set)
+    ready: set = dataclasses.field(default_factory=set)
+    adapters: dict = dataclasses.field(default_factory=dict)
+    applied: dict = dataclasses.field(default_factory=dict)   # target -> (owner, attr, raw original)
+
+
+_state = _State()
+
+
+def fatal(message: str, code: int) -> None:
+    """Make a boot failure impossible to miss: log + stderr, flush, exit the process."""
+    receipts.logger().critical("%s FATAL: %s", receipts.PREFIX, message)
+    for handler in logging.getLogger().handlers + logging.getLogger(receipts.LOGGER_NAME).handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def set_mode(mode: str) -> None:
+    assert mode in ("boot", "report")
+    _state.mode = mode
+
+
+def status() -> dict[str, AdapterState]:
+    return dict(_state.adapters)
+
+
+def bootstrap(environ=None) -> keys.Settings:
+    """Parse the keys (boot error on bad input) and arm the import hooks. Idempotent."""
+    if _state.settings is not None:
+        return _state.settings
+    try:
+        settings = keys.parse_env(environ)
+    except keys.ConfigError as exc:
+        fatal(f"configuration error: {exc}", EXIT_CONFIG)
+    _state.settings = settings
+    for name in settings.unknown:
+        receipts.warning("unknown key %s: no dsv41 adapter reads it", name)
+    enabled = tuple(a for a in ADAPTERS if settings.enabled(a))
+    for name in ADAPTERS:
+        _state.adapters[name] = AdapterState("waiting" if name in enabled else "off")
+    _state.pending = install_groups(enabled)
+    if _state.pending:
+        import wrapt
+
+        for module in sorted({m for g in _state.pending for a in g for m in modules_of(a)}):
+            wrapt.register_post_import_hook(_on_import, module)
+    return settings
+
+
+def _on_import(module) -> None:
+    _state.ready.add(module.__name__)
+    _advance()
+
+
+def _advance() -> None:
+    for group in list(_state.pending):
+        if group in _state.busy:
+            continue
+        modules = {m for a in group for m in modules_of(a)}
+        if not modules & _state.ready:
+            continue
+        # A module still executing comes back here through its own hook when it is done.
+        if any(m in sys.modules and m not in _state.ready for m in modules):
+            continue
+        _state.busy.add(group)
+        try:
+            for m in sorted(modules - _state.ready):
+                importlib.import_module(m)
+            _install_group(group)
+        finally:
+            _state.busy.discard(group)
+            _state.pending.remove(group)
+
+
+class InstallContext:
+    """What an adapter's install() gets: its settings, its rows, and `around()` to hook them."""
+
+    def __init__(self, name: str, settings: keys.Settings):
+        self.name = name
+        self.settings = settings
+        self.rows = hooks_of(name)
+        self.log = receipts.logger(name)
+        self.counters = receipts.counters[name]
+        self.hooks: dict[str, Callable] = {}
+
+    def value(self, key: str):
+        return self.settings.get(key)
+
+    def around(self, qualname: str, hook: Callable) -> None:
+        """Wrap a row of this adapter: hook(original, *args, **kwargs) (HookRegistry AROUND)."""
+        rows = [r for r in self.rows if qualname in (r.qualname, r.target)]
+        if not rows:
+            raise Refusal(f"install() hooks {qualname}, which is not a row of the table")
+        self.hooks[rows[0].target] = hook
+
+    def fallback(self, reason: str) -> None:
+        receipts.fallback(self.name, reason)
+
+
+def _check_pins(name: str) -> None:
+    from adapter import pins
+
+    pinned = pins.load()
+    for row in hooks_of(name):
+        found = pins.source_hash(pins.resolve(row)[2])
+        expected = pinned.get(row.pin_id)
+        if found != expected:
+            raise Refusal(f"engine callable {row.pin_id} does not match its pin "
+                          f"(expected sha256 {expected}, found {found})")
+
+
+def _install_group(group: tuple[str, ...]) -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookSource, HookType
+
+    from adapter import pins
+
+    contexts = {}
+    for name in group:
+        state = _state.adapters[name]
+        try:
+            _check_pins(name)
+            state.pin_ok = True
+            ctx = InstallContext(name, _state.settings)
+            state.detail = importlib.import_module(f"adapter.{name}").install(ctx) or ""
+            missing = [r.target for r in ctx.rows if r.target not in ctx.hooks]
+            if missing:
+                raise Refusal(f"install() left table rows unhooked: {', '.join(missing)}")
+            contexts[name] = ctx
+        except Refusal as exc:
+            state.pin_ok = state.pin_ok if state.pin_ok else False
+            _refuse(name, str(exc))
+        except Exception:
+            _refuse(name, "install() raised:\n" + traceback.format_exc())
+    # Register in table order: for one callable the first row ends up innermost.
+    for row in HOOKS:
+        ctx = contexts.get(row.adapter)
+        if ctx is None:
+            continue
+        owner, attr, raw = pins.resolve(row)
+        _state.applied.setdefault(row.target, (owner, attr, raw))
+        HookRegistry.register(row.target, ctx.hooks[row.target], HookType.AROUND,
+                              source=HookSource(f"{PLUGIN_NAME}.{row.adapter}", PLUGIN_NAME))
+    HookRegistry.apply_hooks()
+    for name, ctx in contexts.items():
+        unapplied = [r.target for r in ctx.rows
+                     if pins.resolve(r)[2] is _state.applied[r.target][2]]
+        if unapplied:  # apply_hooks() logs and swallows; a hook not in place is a refusal
+            _refuse(name, f"HookRegistry did not apply: {', '.join(unapplied)}")
+            continue
+        _state.adapters[name].status = "installed"
+        receipts.installed(name, _state.adapters[name].detail)
+
+
+def _refuse(name: str, reason: str) -> None:
+    state = _state.adapters[name]
+    state.status = "refused"
+    state.detail = reason
+    set_keys = [k.name for k in keys.KEYS if k.adapter == name and k.name in _state.settings.set_keys]
+    message = (f"{name} refused to install: {reason}. "
+               f"Unset {' and '.join(set_keys) or 'its key'} to boot without {name}.")
+    if _state.mode == "boot":
+        fatal(message, EXIT_REFUSED)
+    receipts.logger(name).error("%s %s", receipts.PREFIX, message)
+    state.detail = message
+
+
+def reset_for_tests() -> None:
+    """Undo every hook we applied and forget the settings (tests switch keys in one process)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, _propagate_patch
+
+    for target, (owner, attr, raw) in _state.applied.items():
+        current = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
+        setattr(owner, attr, raw)
+        _propagate_patch(current, raw, owner)
+        # HookRegistry has no public unregister; drop our entries so a later install re-applies.
+        HookRegistry._hooks[target] = [h for h in HookRegistry._hooks[target]
+                                       if not (h[2] and h[2].dist_name == PLUGIN_NAME)]
+        HookRegistry._patched.discard(target)
+    mode = _state.mode
+    _state.__init__()
+    _state.mode = mode

@@ -1,0 +1,134 @@
+"""The one registry of every DSV41_* key this package reads.
+
+Each key says its type, its range, its default, the adapter that reads it and whether it is
+*volatile*: a switch that changes neither tuned shapes nor kernels, so autotune_keep leaves it
+out of the launch fingerprint. Parsing is strict: a bad value is a boot error, never a default.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Mapping, Optional
+
+PREFIX = "DSV41_"
+
+
+class ConfigError(Exception):
+    """A DSV41_* key has a value we refuse to guess about."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    name: str
+    kind: str                 # "flag" (0/1) or "int"
+    adapter: str
+    doc: str
+    default: Optional[int] = None   # value when the key is unset (flags: 0 = off)
+    lo: Optional[int] = None
+    hi: Optional[int] = None
+    multiple_of: Optional[int] = None
+    volatile: bool = True
+    enables: bool = False     # setting this key (to non-zero) turns its adapter on
+    test_only: bool = False   # never in a profile
+
+
+KEYS: tuple[Key, ...] = (
+    Key("DSV41_SWA_NATIVE_DECODE", "flag", "swan", enables=True, default=0,
+        doc="decode reads 256-token SWA pages in place (no split to 64-token pages)"),
+    Key("DSV41_DECODE_YIELD", "int", "decode_yield", enables=True, lo=1, hi=99,
+        doc="decode share (percent) of a chunked prefill's modelled time; unset = stock"),
+    Key("DSV41_SWA_THIN", "flag", "swa_thin", enables=True, default=0,
+        doc="moved-past SWA checkpoints go to the evict-first end of the SWA LRU"),
+    Key("DSV41_SWA_CONE_REPLAY", "flag", "swa_cone", enables=True, default=0,
+        doc="resume a session whose SWA window was evicted by replaying one chunk"),
+    Key("DSV41_SWA_CONE_TOKENS", "int", "swa_cone", default=8192, lo=256, hi=65536,
+        multiple_of=256, doc="replay length N in tokens (page aligned)"),
+    Key("DSV41_SWA_CONE_TEST", "flag", "swa_cone", default=0, test_only=True,
+        doc="test-only switch of cone replay; in no profile"),
+    Key("DSV41_AUTOTUNE_KEEP", "flag", "autotune_keep", enables=True, default=0,
+        doc="ranks agree on the autotune cache; a launch sidecar drops stale caches"),
+)
+
+KEY_BY_NAME = {k.name: k for k in KEYS}
+
+# Per-boot identifiers outside our prefix that change neither shapes nor kernels.
+EXTRA_VOLATILE = ("SGLANG_RUN_ID", "SGLANG_HOST_IP", "SGLANG_PORT", "NCCL_DEBUG", "NCCL_DEBUG_FILE")
+
+_TRUE = {"1", "true", "on", "yes"}
+_FALSE = {"0", "false", "off", "no"}
+
+
+def volatile_keys() -> tuple[str, ...]:
+    return tuple(k.name for k in KEYS if k.volatile) + EXTRA_VOLATILE
+
+
+def edit_distance(a: str, b: str) -> int:
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
+def _parse(key: Key, raw: str) -> int:
+    text = raw.strip().lower()
+    if key.kind == "flag":
+        if text in _TRUE:
+            return 1
+        if text in _FALSE:
+            return 0
+        raise ConfigError(f"{key.name}={raw!r}: expected 0 or 1 ({key.doc})")
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise ConfigError(f"{key.name}={raw!r}: expected an integer in {key.lo}..{key.hi} "
+                          f"({key.doc})") from None
+    if (key.lo is not None and value < key.lo) or (key.hi is not None and value > key.hi):
+        raise ConfigError(f"{key.name}={value}: out of range {key.lo}..{key.hi} ({key.doc})")
+    if key.multiple_of and value % key.multiple_of:
+        raise ConfigError(f"{key.name}={value}: must be a multiple of {key.multiple_of} ({key.doc})")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    values: Mapping[str, Optional[int]]     # every registered key -> parsed value (or default)
+    set_keys: tuple[str, ...]               # registered keys present in the environment
+    unknown: tuple[str, ...]                # unregistered DSV41_* keys (warned about)
+
+    def get(self, name: str) -> Optional[int]:
+        return self.values[name]
+
+    def enabled(self, adapter: str) -> bool:
+        return any(self.values[k.name] for k in KEYS if k.adapter == adapter and k.enables)
+
+    def keys_of(self, adapter: str) -> dict[str, Optional[int]]:
+        return {k.name: self.values[k.name] for k in KEYS if k.adapter == adapter}
+
+
+def parse_env(environ: Optional[Mapping[str, str]] = None) -> Settings:
+    """Parse every DSV41_* key; raise ConfigError on a bad value or a likely typo."""
+    env = os.environ if environ is None else environ
+    values: dict[str, Optional[int]] = {}
+    set_keys, unknown, errors = [], [], []
+    for key in KEYS:
+        raw = env.get(key.name)
+        if raw is None:
+            values[key.name] = key.default
+            continue
+        set_keys.append(key.name)
+        try:
+            values[key.name] = _parse(key, raw)
+        except ConfigError as exc:
+            errors.append(str(exc))
+    for name in sorted(n for n in env if n.startswith(PREFIX) and n not in KEY_BY_NAME):
+        near = min(KEY_BY_NAME, key=lambda k: edit_distance(name, k))
+        if edit_distance(name, near) <= 2:
+            errors.append(f"{name}: unknown key; did you mean {near}? ({KEY_BY_NAME[near].doc})")
+        else:
+            unknown.append(name)
+    if errors:
+        raise ConfigError("; ".join(errors))
+    return Settings(values, tuple(set_keys), tuple(unknown))
