@@ -70,3 +70,68 @@ def install_torchvision_shim() -> bool:
         return False
     sys.meta_path.insert(0, _StandInFinder())
     return True
+
+
+# --- The real hybrid-SWA radix cache on CPU -------------------------------------------------
+
+import dataclasses  # noqa: E402
+
+
+@dataclasses.dataclass
+class CpuSwaCache:
+    """The engine's own UnifiedRadixCache (FULL + SWA) with its real pools, on CPU."""
+
+    cache: object                 # sglang UnifiedRadixCache
+    allocator: object             # SWATokenToKVPoolAllocator
+    kv_pool: object               # SWAKVPool
+    req_to_token_pool: object     # ReqToTokenPool
+    page_size: int
+    window: int
+
+    def alloc(self, n: int):
+        """Full + SWA slots for n tokens, page aligned, as the engine's radix test kit does."""
+        page = self.page_size
+        aligned = -(-n // page) * page
+        full = self.allocator.full_attn_allocator.alloc(aligned)
+        swa = self.allocator.swa_attn_allocator.alloc(aligned)
+        if full is None or swa is None:
+            raise MemoryError(f"out of KV slots for {aligned} tokens")
+        self.allocator.full_to_swa_index_mapping[full] = swa
+        return full[:n]
+
+
+def build_swa_cache(*, full_tokens: int, swa_tokens: int, page_size: int = 256,
+                    window: int = 128, backend: str = "python", req_slots: int = 16,
+                    max_context_len: int | None = None, chunked_prefill_size: int | None = None,
+                    **cache_params) -> CpuSwaCache:
+    """Build UnifiedRadixCache(FULL, SWA) with ReqToTokenPool, SWAKVPool, SWATokenToKVPoolAllocator.
+
+    KV buffers are one head of one element per layer (one SWA layer, one full layer): the tree,
+    the allocators and eviction are the engine's; only the tensors are tiny.
+    """
+    install_torchvision_shim()
+    import torch
+    from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=page_size))
+    req_to_token_pool = ReqToTokenPool(size=req_slots, max_context_len=max_context_len or full_tokens,
+                                       device="cpu", enable_memory_saver=False)
+    kv_pool = SWAKVPool(size=full_tokens, size_swa=swa_tokens, page_size=page_size,
+                        dtype=torch.bfloat16, head_num=1, head_dim=1,
+                        swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device="cpu")
+    allocator = SWATokenToKVPoolAllocator(size=full_tokens, size_swa=swa_tokens, page_size=page_size,
+                                          dtype=torch.bfloat16, device="cpu", kvcache=kv_pool,
+                                          need_sort=False)
+    params = CacheInitParams(disable=False, req_to_token_pool=req_to_token_pool,
+                             token_to_kv_pool_allocator=allocator, page_size=page_size,
+                             sliding_window_size=window, chunked_prefill_size=chunked_prefill_size,
+                             tree_components=(ComponentType.FULL, ComponentType.SWA),
+                             tree_core_backend=backend, **cache_params)
+    cache = UnifiedRadixCache(params)
+    return CpuSwaCache(cache, allocator, kv_pool, req_to_token_pool, page_size, window)

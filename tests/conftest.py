@@ -1,0 +1,54 @@
+"""Test harness: the pinned engine on CPU, and in-process installs of adapters.
+
+The only stand-in is adapter/cpu_engine.py's torchvision shim (PyPI's torchvision is CUDA-linked
+and cannot load beside CPU torch); every engine class used here is the real one.
+"""
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from adapter import cpu_engine  # noqa: E402
+
+cpu_engine.install_torchvision_shim()
+
+
+@pytest.fixture
+def install_adapters():
+    """install_adapters({"DSV41_SWA_THIN": "1"}) -> installer status; undone after the test.
+
+    Runs the production installer in this process (report mode, so a refusal is recorded rather
+    than exiting pytest) and imports the engine modules of the enabled adapters.
+    """
+    from adapter import installer
+    from adapter.table import ADAPTERS, modules_of
+
+    installer.reset_for_tests()
+
+    def _install(environ, mode="report"):
+        installer.reset_for_tests()
+        installer.set_mode(mode)
+        settings = installer.bootstrap(environ=environ)
+        for name in ADAPTERS:
+            if settings.enabled(name):
+                for module in modules_of(name):
+                    __import__(module)
+        return installer.status()
+
+    yield _install
+    installer.reset_for_tests()
+    installer.set_mode("boot")
+
+
+def run_python(code: str, env: dict | None = None, args=(), timeout=300):
+    """Run a child Python with PYTHONPATH=<repo root> (as the image does) and only `env` + PATH."""
+    child_env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/root"),
+                 "PYTHONPATH": str(REPO_ROOT)}
+    child_env.update(env or {})
+    return subprocess.run([sys.executable, *args, "-c", code], env=child_env, cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=timeout)
