@@ -45,10 +45,14 @@ def install_adapters():
     installer.set_mode("boot")
 
 
-def run_python(code: str, env: dict | None = None, args=(), timeout=300):
-    """Run a child Python with PYTHONPATH=<repo root> (as the image does) and only `env` + PATH."""
+def run_python(code: str, env: dict | None = None, args=(), argv=(), timeout=300, cwd=REPO_ROOT):
+    """Run a child Python with PYTHONPATH=<repo root> (as the image does) and only `env` + PATH.
+
+    `args` go before `-c` (interpreter flags), `argv` after the code (sys.argv[1:]); `env` may
+    override PYTHONPATH (e.g. to run without our sitecustomize.py).
+    """
     child_env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/root"),
                  "PYTHONPATH": str(REPO_ROOT)}
     child_env.update(env or {})
-    return subprocess.run([sys.executable, *args, "-c", code], env=child_env, cwd=REPO_ROOT,
+    return subprocess.run([sys.executable, *args, "-c", code, *argv], env=child_env, cwd=cwd,
                           capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,129 @@
+"""The installer: table, pins, refusal on drift, both entry paths, exactly-once installs."""
+import importlib.metadata
+import importlib.util
+
+import pytest
+
+from adapter import pins
+from adapter.table import ADAPTERS, HOOKS, hooks_of, install_groups
+from conftest import run_python
+
+
+def test_table_rows_are_unique_and_every_adapter_has_a_module():
+    assert len({(h.adapter, h.target) for h in HOOKS}) == len(HOOKS)
+    for name in ADAPTERS:
+        assert importlib.util.find_spec(f"adapter.{name}") is not None, name
+
+
+def test_groups_join_adapters_that_share_a_callable_in_table_order():
+    groups = install_groups(ADAPTERS)
+    assert sorted(a for g in groups for a in g) == sorted(ADAPTERS)
+    for g in groups:
+        assert list(g) == sorted(g, key=ADAPTERS.index)
+    for a in ADAPTERS:
+        for b in ADAPTERS:
+            shared = {h.target for h in hooks_of(a)} & {h.target for h in hooks_of(b)}
+            if shared:
+                assert any(a in g and b in g for g in groups), (a, b, shared)
+
+
+def test_pins_file_covers_exactly_the_table_and_matches_the_pinned_engine():
+    pinned = pins.load()
+    assert set(pinned) == {h.pin_id for h in HOOKS}
+    assert pins.current() == pinned
+
+
+def test_plugin_entry_point_is_registered():
+    eps = importlib.metadata.entry_points(group="sglang.srt.plugins")
+    assert {ep.name: ep.value for ep in eps}.get("dsv41") == "adapter.plugin:load"
+
+
+DRIFT_CHILD = r"""
+import ast, inspect, sys, tempfile, textwrap
+from adapter import cpu_engine, installer, pins
+from adapter.table import hooks_of
+cpu_engine.install_torchvision_shim()
+row = hooks_of(sys.argv[1])[0]
+owner, attr, raw = pins.resolve(row)
+func = pins.original_callable(raw)
+tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
+tree.body[0].body.insert(0, ast.Expr(ast.Constant("drifted")))   # the engine changed this callable
+path = tempfile.mktemp(suffix=".py")
+open(path, "w").write("from __future__ import annotations\n" + ast.unparse(tree) + "\n")
+ns = {}
+exec(compile(open(path).read(), path, "exec"), func.__globals__, ns)
+setattr(owner, attr, ns[attr])
+print("ALTERED", pins.source_hash(ns[attr]), flush=True)
+installer.bootstrap(environ={k: "33" if k == "DSV41_DECODE_YIELD" else "1" for k in sys.argv[2:]})
+print("UNREACHED", flush=True)
+"""
+
+
+@pytest.mark.parametrize("adapter, key", [("decode_yield", "DSV41_DECODE_YIELD"),
+                                          ("swa_thin", "DSV41_SWA_THIN")])
+def test_drifted_callable_refuses_and_stops_the_boot(adapter, key):
+    proc = run_python(DRIFT_CHILD, argv=(adapter, key))
+    assert "ALTERED" in proc.stdout and "UNREACHED" not in proc.stdout
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    row = hooks_of(adapter)[0]
+    found = proc.stdout.split("ALTERED ")[1].split()[0]
+    fatal = [ln for ln in proc.stderr.splitlines() if "FATAL" in ln]
+    assert len(fatal) == 1, proc.stderr[-2000:]
+    msg = fatal[0]
+    assert f"{adapter} refused to install" in msg
+    assert row.pin_id in msg and pins.load()[row.pin_id] in msg and found in msg
+    assert f"Unset {key}" in msg
+
+
+ONCE_CHILD = r"""
+import importlib, sys
+from adapter import cpu_engine
+cpu_engine.install_torchvision_shim()
+from adapter.table import hooks_of
+from adapter import pins
+name = sys.argv[1]
+for row in hooks_of(name):
+    importlib.import_module(row.module)         # a plain engine import installs the adapter
+from sglang.srt.plugins import load_plugins
+load_plugins()                                  # the engine's own plugin path: finds it done
+from adapter import plugin
+plugin.load()
+depth = {}
+for row in hooks_of(name):
+    fn = pins.resolve(row)[2]
+    fn = getattr(fn, "__func__", fn)
+    n = 0
+    while hasattr(fn, "__wrapped__"):
+        fn, n = fn.__wrapped__, n + 1
+    depth[row.target] = n
+print("DEPTH", depth)
+"""
+
+
+@pytest.mark.parametrize("adapter, env", [
+    ("swa_thin", {"DSV41_SWA_THIN": "1"}),
+    ("decode_yield", {"DSV41_DECODE_YIELD": "33"}),
+])
+def test_sitecustomize_and_plugin_install_exactly_once(adapter, env):
+    proc = run_python(ONCE_CHILD, env=env, argv=(adapter,))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    receipts = [ln for ln in proc.stderr.splitlines() if f"[dsv41] {adapter} installed:" in ln]
+    assert len(receipts) == 1, proc.stderr[-3000:]
+    depth = eval(proc.stdout.split("DEPTH ")[1])
+    assert depth and all(d == 1 for d in depth.values()), depth
+
+
+def test_plugin_path_alone_installs(tmp_path):
+    """Without our sitecustomize on the path, the engine's load_plugins() installs the adapter."""
+    code = ("import sys; from adapter import cpu_engine; cpu_engine.install_torchvision_shim()\n"
+            "import sglang.srt.managers.scheduler as s\n"
+            "assert not hasattr(sys.modules.get('sitecustomize'), 'installer')\n"
+            "from sglang.srt.plugins import load_plugins; load_plugins()\n"
+            "print('WRAPPED', hasattr(s.Scheduler.get_next_batch_to_run, '__wrapped__'))\n")
+    # PYTHONPATH without the repo root: our sitecustomize.py is not found, the package is
+    # importable through its (editable) install, as a pip-installed plugin would be.
+    proc = run_python(code, env={"DSV41_DECODE_YIELD": "33", "PYTHONPATH": str(tmp_path)},
+                      cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "WRAPPED True" in proc.stdout
+    assert sum("[dsv41] decode_yield installed:" in ln for ln in proc.stderr.splitlines()) == 1
