@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# `dsv41 check` on the production line of the shipped profile (the image build's gate).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+"$PY" -m adapter.cli check --profile .env.tp4.example --line "${DSV41_PROFILE_LINE:-production}"
