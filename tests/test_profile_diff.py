@@ -1,0 +1,51 @@
+"""`dsv41 profile diff` on the shipped profile."""
+import json
+
+from adapter import profile, profile_diff
+from conftest import REPO_ROOT, run_python
+
+PROFILE = str(REPO_ROOT / ".env.tp4.example")
+
+
+def _by_name(result):
+    return {c["name"]: c for c in result["changes"]}
+
+
+def test_control_to_production_lists_v264_keys_volatile_and_tails_as_retune():
+    result = profile_diff.diff(profile.load_line(PROFILE, "control"), profile.load_line(PROFILE, "production"))
+    changes = _by_name(result)
+    assert set(changes) == {"DSV41_SWA_NATIVE_DECODE", "DSV41_DECODE_YIELD", "DSV41_SWA_THIN",
+                            "DSV41_SWA_CONE_REPLAY", "DSV41_SWA_CONE_TOKENS", "--swa-prefix-tails"}
+    assert all(changes[k]["volatile"] for k in changes if k.startswith("DSV41_"))
+    assert not changes["--swa-prefix-tails"]["volatile"]
+    assert result["retunes"]                       # the tails argument re-tunes once
+    assert "--swa-prefix-tails 128" in changes["DSV41_SWA_THIN"]["rollback"]
+    line = changes["DSV41_DECODE_YIELD"]["rollback_line"]
+    assert "DSV41_DECODE_YIELD" not in line and "DSV41_SWA_THIN=1" in line
+
+
+def test_volatile_only_change_keeps_tactics():
+    prod = profile.load_line(PROFILE, "production")
+    env = {k: v for k, v in prod.env.items() if k != "DSV41_DECODE_YIELD"}
+    result = profile_diff.diff(prod, profile.Line("b", env, prod.args))
+    assert [c["name"] for c in result["changes"]] == ["DSV41_DECODE_YIELD"]
+    assert not result["retunes"]
+
+
+def test_non_volatile_env_change_retunes():
+    prod = profile.load_line(PROFILE, "production")
+    env = dict(prod.env, SGLANG_SM120_FLASHMLA_BACKEND="triton")
+    assert profile_diff.diff(prod, profile.Line("b", env, prod.args))["retunes"]
+
+
+def test_cli_json_on_the_shipped_file():
+    proc = run_python("from adapter.cli import main; raise SystemExit(main())",
+                      argv=("profile", "diff", f"{PROFILE}:control", PROFILE, "--json"))
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["retunes"] is True and len(out["changes"]) == 6
+
+
+def test_inline_line():
+    line = profile_diff.load("DSV41_SWA_THIN=1 --swa-prefix-tails 384")
+    assert line.env == {"DSV41_SWA_THIN": "1"} and line.args == ("--swa-prefix-tails", "384")
