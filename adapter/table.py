@@ -48,6 +48,7 @@ HOOKS: tuple[Hook, ...] = (
     # autotune_keep: rank agreement on loadability; launch sidecar.
     Hook("autotune_keep", _AUTOTUNE, "_autotune_cache_digest"),
     Hook("autotune_keep", _AUTOTUNE, "_drop_diverged_autotune_cache"),
+    Hook("autotune_keep", _AUTOTUNE, "flashinfer_autotune_context"),
 )
 
 ADAPTERS: tuple[str, ...] = tuple(dict.fromkeys(h.adapter for h in HOOKS))
