@@ -1,0 +1,159 @@
+"""Cone replay, match side: the real UnifiedRadixCache (FULL + SWA, page 256, window 128) and the
+real PrefillAdder on CPU, with swa_cone installed through the production installer.
+
+Scenario: a document is prefilled in chunks (checkpointed like the scheduler does), then distinct
+prompts push its SWA window out of the pool while its full KV stays resident; then the document
+plus new tokens arrives.
+"""
+import logging
+
+import pytest
+
+from adapter import receipts
+
+N = 1024            # DSV41_SWA_CONE_TOKENS for these tests (page aligned)
+CHUNK = 2048
+DOC = 6000
+TAIL = 700
+
+
+def _cone_env(tokens=N):
+    return {"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_TOKENS": str(tokens)}
+
+
+def _forget_fallbacks():
+    for key in [k for k in receipts._seen_fallbacks if k[0] == "swa_cone"]:
+        receipts._seen_fallbacks.discard(key)
+
+
+def _setup(backend, *, evict=True, chunk=CHUNK):
+    from adapter.sims.swa_cone import Driver, build
+
+    cpu = build(60_000, 4096, backend)
+    drv = Driver(cpu, chunk=chunk)
+    doc = list(range(1, DOC + 1))
+    drv.prefill(doc, output_tokens=[7] * 40)
+    if evict:
+        for i in range(12):       # 12 x 1040 tokens of SWA through a 4096-slot SWA pool
+            start = 1_000_000 + 1024 * i
+            drv.prefill(list(range(start, start + 1024)), output_tokens=[5] * 16)
+    return cpu, drv, doc + list(range(900_000, 900_000 + TAIL))
+
+
+def _arrive(drv, tokens):
+    req = drv._req(tokens)
+    req.init_next_round_input(drv.cache)
+    return req
+
+
+def _full_resident_end(cpu, tokens):
+    """Page-aligned resident full KV of `tokens` (the engine's read-only FULL-device match)."""
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from array import array
+
+    matched, _, _ = cpu.cache.tree_core.match_full_device_prefix(RadixKey(array("q", tokens[:-1])))
+    return matched // 256 * 256
+
+
+@pytest.mark.parametrize("backend", ["python", "rust"])
+def test_lost_resume_point_plans_a_replay_of_n_tokens(install_adapters, caplog, backend):
+    status = install_adapters(_cone_env())
+    assert status["swa_cone"].status == "installed", status["swa_cone"].detail
+    cpu, drv, prompt = _setup(backend)
+    req = _arrive(drv, prompt)
+    stock_prefix = req.prefix_len                  # the stock match stands until admission
+    F = _full_resident_end(cpu, prompt)
+    assert F - stock_prefix > N, (F, stock_prefix)  # the resume point is lost, full KV resident
+    adder = drv.adder()
+    with caplog.at_level(logging.INFO, logger="sglang.dsv41"):
+        adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+    assert req in adder.can_run_list
+    s = F - N
+    assert req.prefix_len == s and req.kv.cache_protected_len == s
+    assert req.extend_end >= F                       # the first pass covers the replay
+    assert adder.log_hit_tokens == s
+    # The request's tree lock sits on the node at F: [s, F) stays resident until the copy.
+    root = drv.cache.root_node_handle(None)
+    assert drv.cache.tree_core.collect_full_device_indices(req.lock.node, root).numel() >= F
+    plans = [r.getMessage() for r in caplog.records if " plan " in r.getMessage()]
+    assert len(plans) == 1
+    assert f"request={req.rid} F={F} s={s} L={len(prompt)} replay={N}" in plans[0]
+    # The prefix indices the forward reads are the resident full KV of [0, s).
+    prefix = drv.cache.prefix_device_indices(req)
+    assert prefix.numel() == s
+    # The first pass re-fills the window: the next arrival is a plain prefix hit past F.
+    from adapter import swa_cone
+    plan = swa_cone.state().plans[req.rid]
+    assert (plan.F, plan.s, plan.src_loc.numel()) == (F, s, N)
+    drv._extend(req, req.extend_end)
+    from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
+    if req.extend_end < len(prompt):
+        checkpoint_kv_cache(req, drv.cache)
+        a2 = drv.adder()
+        a2.add_chunked_req(req)
+        drv._extend(req, req.extend_end)
+    from adapter.sims.swa_cone import _finished
+    req.finished_len = req.kv.kv_committed_len
+    req.finished_reason = _finished()
+    release_kv_cache(req, drv.cache, checkpoint=True)
+    again = _arrive(drv, prompt + [3] * 300)
+    assert again.prefix_len >= F
+    drv.cache.sanity_check()
+
+
+def test_stock_without_cone_re_prefills_the_whole_context(install_adapters):
+    install_adapters({})
+    cpu, drv, prompt = _setup("python")
+    req = _arrive(drv, prompt)
+    adder = drv.adder()
+    adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+    assert req.prefix_len < 512 and _full_resident_end(cpu, prompt) > 4096
+
+
+def test_replay_not_covered_by_the_first_chunk_keeps_the_stock_match(install_adapters, caplog):
+    install_adapters(_cone_env())
+    _forget_fallbacks()
+    cpu, drv, prompt = _setup("python")
+    drv.chunk = 512                                  # first pass can hold 512 < N rows
+    req = _arrive(drv, prompt)
+    stock_prefix, stock_node = req.prefix_len, req.last_node
+    before = receipts.counters["swa_cone"]["plans"]
+    adder = drv.adder()
+    with caplog.at_level(logging.INFO, logger="sglang.dsv41"):
+        adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+    assert req in adder.can_run_list
+    assert (req.prefix_len, req.last_node) == (stock_prefix, stock_node)
+    assert req.extend_end == stock_prefix + 512
+    assert receipts.counters["swa_cone"]["plans"] == before
+    reason = "first pass does not cover the replay (chunk budget below N); stock match kept"
+    assert receipts.counters["swa_cone"][f"fallback:{reason}"] >= 1
+    assert any("fallback" in r.getMessage() and "does not cover" in r.getMessage()
+               for r in caplog.records)
+    assert not any(" plan " in r.getMessage() for r in caplog.records)
+
+
+def test_intact_resume_point_is_a_stock_prefix_hit(install_adapters, caplog):
+    install_adapters(_cone_env())
+    cpu, drv, prompt = _setup("python", evict=False)
+    req = _arrive(drv, prompt)
+    assert req.prefix_len >= DOC // 256 * 256 - 256    # the window is still there
+    assert getattr(req, "_dsv41_cone_candidate", None) is None
+    hit = req.prefix_len
+    adder = drv.adder()
+    with caplog.at_level(logging.INFO, logger="sglang.dsv41"):
+        adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+    assert req.prefix_len == hit and req in adder.can_run_list
+    assert not any(" plan " in r.getMessage() for r in caplog.records)
+
+
+def test_admission_refused_leaves_the_stock_match(install_adapters):
+    """A request the adder cannot take this round keeps its stock match for the next round."""
+    install_adapters(_cone_env())
+    cpu, drv, prompt = _setup("python")
+    req = _arrive(drv, prompt)
+    stock = (req.prefix_len, req.last_node, req.kv.cache_protected_len)
+    adder = drv.adder()
+    adder.rem_chunk_tokens = 0                        # no chunk budget left this round
+    adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+    assert req not in adder.can_run_list
+    assert (req.prefix_len, req.last_node, req.kv.cache_protected_len) == stock
