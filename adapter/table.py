@@ -30,21 +30,32 @@ class Hook:
 _SCHED = "sglang.srt.managers.scheduler"
 _POLICY = "sglang.srt.managers.schedule_policy"
 _URC = "sglang.srt.mem_cache.unified_radix_cache"
+_TREE_CORES = "sglang.srt.mem_cache.unified_cache.tree_core_registry"
 _SM120 = "sglang.kernels.ops.attention.flash_mla_sm120"
 _AUTOTUNE = "sglang.srt.model_executor.runner.flashinfer_autotune"
 
 HOOKS: tuple[Hook, ...] = (
-    # swan: SM12x sparse decode reads 256-token SWA pages in place.
-    Hook("swan", _SM120, "_split_kv_pages_to_64"),
+    # swan: SM12x sparse decode reads 256-token SWA pages in place (the SM12x decode entry;
+    # calls it cannot serve go to the stock function, which keeps _split_kv_pages_to_64).
+    Hook("swan", _SM120, "flash_mla_with_kvcache_sm120"),
     # decode yield: defer the next chunk of a chunked prefill through the engine's own path.
     Hook("decode_yield", _SCHED, "Scheduler.get_next_batch_to_run"),
     Hook("decode_yield", _SCHED, "Scheduler._should_defer_prefill"),
-    # swa_thin (before swa_cone: thin's view of inserts/matches is the inner one).
+    Hook("decode_yield", _SCHED, "Scheduler._arm_prefill_decode_interval"),
+    # swa_thin (before swa_cone): moved-past checkpoints to the SWA LRU's evict-first end; with
+    # the key set the engine's backend selection picks the Python tree core (Rust has no LRU API).
     Hook("swa_thin", _URC, "UnifiedRadixCache.checkpoint_into_tree"),
-    Hook("swa_thin", _URC, "UnifiedRadixCache.match_prefix"),
-    # swa_cone: re-match on full KV and plan a one-chunk replay in the PrefillAdder path.
+    Hook("swa_thin", _TREE_CORES, "select_tree_core_backend"),
+    # swa_cone: re-match on full KV and plan a one-chunk replay in the PrefillAdder path; the
+    # first pass copies the resident latents / index keys, masks the replay rows' writes, floors
+    # their window (forward side, DSV4 attention backend).
     Hook("swa_cone", _URC, "UnifiedRadixCache.match_prefix"),
     Hook("swa_cone", _POLICY, "PrefillAdder.add_one_req"),
+    Hook("swa_cone", _POLICY, "PrefillAdder._select_prefill_admission"),
+    Hook("swa_cone", "sglang.srt.layers.attention.deepseek_v4_backend",
+         "DeepseekV4AttnBackend._build_forward_metadata"),
+    Hook("swa_cone", "sglang.srt.layers.attention.deepseek_v4_backend",
+         "DeepseekV4AttnBackend.init_forward_metadata_prefill"),
     # autotune_keep: rank agreement on loadability; launch sidecar.
     Hook("autotune_keep", _AUTOTUNE, "_autotune_cache_digest"),
     Hook("autotune_keep", _AUTOTUNE, "_drop_diverged_autotune_cache"),

@@ -1,0 +1,403 @@
+"""`dsv41 sim thin`: idle long sessions beside sub-agent turns and new 500K sessions, then resume.
+
+Everything runs on the engine's real UnifiedRadixCache (FULL + SWA) with its real ReqToTokenPool,
+SWAKVPool and SWATokenToKVPoolAllocator (adapter/cpu_engine.py), page 256, window 128 (DSV4), and
+real `Req` objects driven through the engine's own cache entry points in the scheduler's order:
+`match_kv_cache` on arrival, `lock(last_node)` at admission, per chunk `evict_from_tree_cache` +
+allocation, `checkpoint_kv_cache` after every chunk (the engine's stash / post-prefill checkpoint),
+`evict_sliding_windows` during decode, `release_kv_cache` at finish. Adapters are installed in this
+process through the production installer (report mode) from an environment dict, so the same
+scenario runs for any set of keys (control: none; thin: DSV41_SWA_THIN=1).
+
+Token counts are the cluster's (330K / 300K idle sessions, 8192-token chunks, 500K new sessions);
+only the KV tensors are tiny (one head of one element per layer), which changes no tree or
+allocator decision. Requests run interleaved (round robin, one chunk or one decode block of
+SGLANG_SWA_EVICTION_INTERVAL=128 tokens per turn) with at most `concurrency` in flight.
+
+`--pool` computes the KV-pool trade-off of 128 / 256 / 384 tails from the engine's own sizing.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import sys
+import time
+from array import array
+
+CHUNK = 8192
+PAGE = 256
+WINDOW = 128
+DECODE_BLOCK = 128          # SGLANG_SWA_EVICTION_INTERVAL default: one SWA slide per block
+
+# --- pool figures -------------------------------------------------------------------------
+# SPEC figures (cluster): SWA slots and full-pool tokens per --swa-prefix-tails.
+SPEC_SWA = {128: 84_480, 384: 182_784}
+SPEC_FULL = {128: (4_997_632, 5_101_824), 256: (4_400_000,), 384: (3_444_224,)}
+# Launch values that make the engine's own _resolve_swa_cap_tokens reproduce SPEC's 84,480 SWA
+# slots at 128 tails exactly (inferred, not read off the cluster): 35 running requests,
+# 8192-token chunks, no overlap schedule, no engine-level speculative algorithm.
+POOL_LAUNCH = dict(max_running_requests=35, chunked_prefill_size=CHUNK, disable_overlap_schedule=True)
+
+
+def _set_server_args(**extra):
+    from adapter import cpu_engine
+
+    cpu_engine.install_torchvision_shim()
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=PAGE, **extra))
+
+
+def _configurator(tails: int):
+    """The engine's DSV4PoolConfigurator with the attributes its SWA cap sizing reads."""
+    from adapter import cpu_engine
+
+    cpu_engine.install_torchvision_shim()
+    from sglang.srt.model_executor.pool_configurator import DSV4PoolConfigurator
+
+    _set_server_args(swa_prefix_tails=tails, **POOL_LAUNCH)
+    c = object.__new__(DSV4PoolConfigurator)   # the engine's own tests build it this way
+    c.operator_swa_ratio = None
+    c._unified = False
+    c._unified_fp8 = False
+    c.requested_max_running_requests_per_worker = POOL_LAUNCH["max_running_requests"]
+    c.sliding_window_size = WINDOW
+    c.page_size = PAGE
+    c.disaggregation_mode = "null"
+    c.attn_dp_size = 1
+    c.encoder_replay = False
+    c.paged_draft_layers = 0
+    c.request_window_bytes = 0
+    c.stage_owner_layers = {}
+    c.ring_sizes = {}
+    c.c4_shrink_factor = 1
+    c.swa_ratio = 0.0
+    c.swa_prefix_tails = c._resolve_swa_prefix_tails()
+    c.swa_cap_tokens = c._resolve_swa_cap_tokens()
+    return c
+
+
+def pool_full_tokens(tails: int) -> int:
+    """Full-pool tokens for any tails, on the line the calibrated engine sizing draws."""
+    rows = {r["tails"]: r["full_tokens"] for r in pool_table()["rows"]}
+    per_tail = (rows[128] - rows[384]) / 256
+    return int(rows[128] - (tails - 128) * per_tail) // PAGE * PAGE
+
+
+def swa_slots(tails: int) -> int:
+    return _configurator(tails).swa_cap_tokens
+
+
+@functools.lru_cache(maxsize=None)
+def pool_table(full_at_128: int = SPEC_FULL[128][0], full_at_384: int = SPEC_FULL[384][0]):
+    """SWA slots (engine sizing) and full-pool tokens per tails.
+
+    Full tokens come from the engine's calculate_pool_sizes: full = (available - swa_cap x
+    bytes_per_swa_token) / bytes_per_full_token, page-aligned. The two per-token byte costs
+    depend on the model's layer layout (not available here), so only their ratio matters and it
+    is calibrated, with the available bytes, from SPEC's 128- and 384-tail full pools; 256 tails
+    is then a prediction of the engine's formula.
+    """
+    import contextlib
+    import io
+
+    s128, s384 = swa_slots(128), swa_slots(384)
+    bytes_per_full = 1000.0                      # arbitrary unit; only the ratio is calibrated
+    ratio = (full_at_128 - full_at_384) / (s384 - s128)
+    bytes_per_swa = ratio * bytes_per_full
+    available = full_at_128 * bytes_per_full + s128 * bytes_per_swa + PAGE * bytes_per_full / 2
+    rows = []
+    for tails in (128, 256, 384):
+        c = _configurator(tails)
+        c.bytes_per_swa_token = bytes_per_swa
+        c.bytes_per_full_token = bytes_per_full
+        with contextlib.redirect_stdout(io.StringIO()):
+            cfg = c.calculate_pool_sizes(available, PAGE)
+        rows.append({"tails": tails, "swa_slots": cfg.swa_max_total_num_tokens,
+                     "full_tokens": cfg.full_max_total_num_tokens,
+                     "spec_swa_slots": SPEC_SWA.get(tails), "spec_full_tokens": SPEC_FULL.get(tails),
+                     "contexts_1m": cfg.full_max_total_num_tokens // 1_000_000})
+    return {"bytes_per_swa_over_full": round(ratio, 3), "launch": POOL_LAUNCH, "rows": rows}
+
+
+# --- the request driver --------------------------------------------------------------------
+
+class Tokens:
+    """Distinct token ids per segment, so prefixes are shared only where a scenario shares them."""
+
+    def __init__(self):
+        self.next = 1_000
+
+    def fresh(self, n: int) -> array:
+        out = array("q", range(self.next, self.next + n))
+        self.next += n + 7
+        return out
+
+
+@dataclasses.dataclass
+class TurnResult:
+    name: str
+    prompt_len: int
+    cached: int                 # device prefix matched on arrival
+
+
+class Driver:
+    """Runs requests on a CpuSwaCache the way the scheduler drives the cache."""
+
+    def __init__(self, cpu, concurrency: int = 4):
+        self.cpu = cpu
+        self.cache = cpu.cache
+        self.concurrency = concurrency
+        self.results: list[TurnResult] = []
+        self._rid = 0
+
+    # One turn as a generator: yields after each chunk and each decode block.
+    def turn(self, name: str, prompt: array, out_tokens: array, chunk: int = CHUNK):
+        from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req
+        from sglang.srt.mem_cache.common import (
+            checkpoint_kv_cache, evict_from_tree_cache, release_kv_cache,
+        )
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        cache, cpu = self.cache, self.cpu
+        self._rid += 1
+        req = Req(rid=f"{name}#{self._rid}", origin_input_text="", origin_input_ids=array("q", prompt),
+                  sampling_params=SamplingParams(temperature=0, max_new_tokens=len(out_tokens) + 1))
+        # Admission: match_kv_cache (as the scheduler's batch build does), then lock the match.
+        req.init_next_round_input(cache)
+        self.results.append(TurnResult(name, len(prompt), req.prefix_len))
+        cpu.req_to_token_pool.alloc([req])
+        req.lock = cache.lock(req.last_node)
+        row = req.kv.req_pool_idx
+        pos = req.prefix_len
+        if pos:
+            cpu.req_to_token_pool.write((row, slice(0, pos)), cache.prefix_device_indices(req)[:pos])
+        req.kv.kv_committed_len = req.kv.kv_allocated_len = pos
+        alloc_end = pos                           # page-aligned end of what the row holds
+
+        def grow(end):
+            nonlocal alloc_end
+            if end > alloc_end:
+                n = -(-(end - alloc_end) // PAGE) * PAGE
+                evict_from_tree_cache(cache, n)
+                cpu.req_to_token_pool.write((row, slice(alloc_end, alloc_end + n)), cpu.alloc(n))
+                alloc_end += n
+            req.kv.kv_committed_len = req.kv.kv_allocated_len = end
+
+        total = len(prompt)
+        while pos < total:                         # chunked prefill
+            end = min(total, (pos // chunk + 1) * chunk)
+            grow(end)
+            req.extend_end = end
+            checkpoint_kv_cache(req, cache)        # stash / post-prefill checkpoint
+            pos = end
+            yield
+        for i in range(0, len(out_tokens), DECODE_BLOCK):   # decode, one SWA slide per block
+            block = out_tokens[i:i + DECODE_BLOCK]
+            req.output_ids.extend(block)
+            pos += len(block)
+            grow(pos)
+            cache.evict_sliding_windows(req, pos - 1)
+            yield
+        req.finished_reason = FINISH_LENGTH(length=len(out_tokens))
+        release_kv_cache(req, cache, checkpoint=True)
+
+    def run(self, jobs):
+        """Round-robin over at most `concurrency` live turns; `jobs` is an iterator of generators
+        (a job may be a generator of turns run back to back: an agent's consecutive turns)."""
+        jobs = iter(jobs)
+        live = []
+        while True:
+            while len(live) < self.concurrency:
+                job = next(jobs, None)
+                if job is None:
+                    break
+                live.append(job)
+            if not live:
+                return
+            for job in list(live):
+                try:
+                    next(job)
+                except StopIteration:
+                    live.remove(job)
+
+
+def session(driver, name, tokens, context: array, turns, out_len):
+    """A multi-turn session as one job: each turn appends `turns[i]` new tokens to the context."""
+    for n in turns:
+        context.extend(tokens.fresh(n))
+        out = tokens.fresh(out_len)
+        yield from driver.turn(name, context, out)
+        context.extend(out)
+
+
+# --- the scenario ----------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Scenario:
+    idle_sessions: tuple = (330_000, 300_000)   # context lengths of the idle sessions
+    first_prompt: int = 200_000                  # their first prompt (chunked), then agent turns
+    agent_turn: int = 6_000                      # new tokens per agent turn (tool result + user)
+    out_len: int = 768                           # output tokens per turn
+    new_sessions: int = 3                        # new 500K sessions while the two sit idle
+    new_session_len: int = 500_000
+    subagents: int = 40                          # sub-agents, each a few turns
+    subagent_turns: int = 3
+    subagent_system: int = 12_288                # shared system prompt of the sub-agents
+    subagent_task: int = 6_000
+    resume_turn: int = 2_000
+    concurrency: int = 4
+
+
+def run_scenario(tails: int, environ: dict, *, backend: str = "rust", scenario: Scenario = Scenario(),
+                 full_tokens: int | None = None, check: bool = False) -> dict:
+    """Build the pool for `tails`, install the adapters `environ` enables, run, report."""
+    from adapter import cpu_engine, installer
+
+    cpu_engine.install_torchvision_shim()
+    installer.reset_for_tests()
+    installer.set_mode("report")
+    settings = installer.bootstrap(environ=environ)
+    import sglang.srt.mem_cache.unified_radix_cache  # noqa: F401  (installs enabled adapters)
+    from adapter.table import ADAPTERS, modules_of
+
+    for name in ADAPTERS:
+        if settings.enabled(name):
+            for module in modules_of(name):
+                __import__(module)
+    states = {n: s.status for n, s in installer.status().items() if s.status != "off"}
+    thin = sys.modules.get("adapter.swa_thin")
+    if thin is not None:
+        thin.reset_stats()
+    if full_tokens is None:
+        full_tokens = next((r["full_tokens"] for r in pool_table()["rows"] if r["tails"] == tails),
+                           None) or pool_full_tokens(tails)
+    swa = swa_slots(tails)
+    sc = scenario
+    longest = max(sc.new_session_len, *sc.idle_sessions) + sc.resume_turn + 4 * CHUNK
+    cpu = cpu_engine.build_swa_cache(full_tokens=full_tokens, swa_tokens=swa, page_size=PAGE,
+                                     window=WINDOW, backend=backend, req_slots=sc.concurrency + 2,
+                                     max_context_len=longest, chunked_prefill_size=CHUNK)
+    core = type(cpu.cache.tree_core).__name__
+    drv = Driver(cpu, concurrency=sc.concurrency)
+    tok = Tokens()
+    t0 = time.perf_counter()
+
+    # 1. The two long sessions: a chunked first prompt, then agent turns up to their length.
+    contexts = []
+    jobs = []
+    for i, length in enumerate(sc.idle_sessions):
+        ctx = array("q")
+        per_turn = sc.agent_turn + sc.out_len
+        n_turns = max(0, (length - sc.first_prompt - sc.out_len) // per_turn)
+        turns = [sc.first_prompt] + [sc.agent_turn] * n_turns
+        contexts.append(ctx)
+        jobs.append(session(drv, f"idle{i}", tok, ctx, turns, sc.out_len))
+    drv.run(jobs)
+    idle_lens = [len(c) for c in contexts]
+
+    # 2. While they sit idle: sub-agents (shared system prompt) and new 500K sessions.
+    system = tok.fresh(sc.subagent_system)
+    traffic = []
+    for j in range(sc.subagents):
+        ctx = array("q", system)
+        traffic.append(session(drv, f"sub{j}", tok, ctx, [sc.subagent_task] * sc.subagent_turns,
+                               sc.out_len))
+    for k in range(sc.new_sessions):
+        ctx = array("q")
+        at = (k + 1) * len(traffic) // (sc.new_sessions + 1)
+        traffic.insert(at, session(drv, f"new{k}", tok, ctx, [sc.new_session_len], sc.out_len))
+    drv.run(traffic)
+
+    # 3. Resume the idle sessions, one after the other.
+    resumed = []
+    for i, ctx in enumerate(contexts):
+        n = len(drv.results)
+        drv.run([session(drv, f"resume{i}", tok, ctx, [sc.resume_turn], sc.out_len)])
+        resumed.append(drv.results[n].cached)
+    if check:
+        cpu.cache.sanity_check()
+    elapsed = time.perf_counter() - t0
+
+    subs = [r for r in drv.results if r.name.startswith("sub")]
+    out = {
+        "whole_reprefills": sum(1 for c, L in zip(resumed, idle_lens) if c < L // 2),
+        "resumed_cached_tokens": resumed,
+        "_idle_lens": idle_lens,
+        "_core": core,
+        "_adapters": states,
+        "_swa_slots": swa,
+        "_full_tokens": full_tokens,
+        "_subagent_prompt_tokens": sum(r.prompt_len for r in subs),
+        "_subagent_cached_tokens": sum(r.cached for r in subs),
+        "_thin": thin.stats.summary() if thin is not None and states.get("swa_thin") else None,
+        "_seconds": round(elapsed, 1),
+    }
+    installer.reset_for_tests()
+    return out
+
+
+VARIANTS = {  # name -> environment; a later `--cone` adds thin + cone replay here
+    "control": {},
+    "thin": {"DSV41_SWA_THIN": "1"},
+}
+
+
+def _public(result: dict) -> dict:
+    return {k: v for k, v in result.items() if not k.startswith("_")}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="dsv41 sim thin", description=__doc__.splitlines()[0])
+    ap.add_argument("--tails", type=int, default=384, help="--swa-prefix-tails of the pool (default 384)")
+    ap.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    ap.add_argument("--pool", action="store_true", help="KV-pool trade-off for 128/256/384 tails")
+    ap.add_argument("--control-core", choices=("rust", "python"), default="rust",
+                    help="tree core of the control run (engine default: rust)")
+    ap.add_argument("--check", action="store_true", help="run cache.sanity_check() at the end")
+    args = ap.parse_args(argv)
+
+    from adapter import cpu_engine
+
+    cpu_engine.install_torchvision_shim()
+    import logging
+    logging.getLogger("sglang").setLevel(logging.WARNING)
+
+    if args.pool:
+        table = pool_table()
+        if args.json:
+            print(json.dumps(table))
+            return 0
+        print(f"KV-pool trade-off (engine sizing; launch {table['launch']}; bytes per SWA slot / "
+              f"bytes per full token calibrated = {table['bytes_per_swa_over_full']})")
+        print(f"{'tails':>5}  {'SWA slots':>10}  {'SPEC':>10}  {'full tokens':>11}  {'SPEC':>21}  1M ctx")
+        for r in table["rows"]:
+            spec_full = " / ".join(f"{x:,}" for x in r["spec_full_tokens"] or ())
+            spec_swa = f"{r['spec_swa_slots']:,}" if r["spec_swa_slots"] else "-"
+            print(f"{r['tails']:>5}  {r['swa_slots']:>10,}  {spec_swa:>10}  {r['full_tokens']:>11,}  "
+                  f"{spec_full:>21}  {r['contexts_1m']}")
+        return 0
+
+    results = {}
+    for name, env in VARIANTS.items():
+        backend = args.control_core if name == "control" else "rust"
+        results[name] = run_scenario(args.tails, env, backend=backend, check=args.check)
+    if args.json:
+        print(json.dumps({"tails": args.tails, **{k: _public(v) for k, v in results.items()}}))
+        return 0
+    print(f"sim thin: tails {args.tails}: SWA slots {results['control']['_swa_slots']:,}, full pool "
+          f"{results['control']['_full_tokens']:,} tokens; idle sessions "
+          f"{results['control']['_idle_lens']} tokens")
+    print(f"{'variant':>8}  {'core':>16}  {'whole re-prefills':>17}  resumed cached tokens  "
+          f"sub-agent cached/prompt  seconds")
+    for name, r in results.items():
+        print(f"{name:>8}  {r['_core']:>16}  {r['whole_reprefills']:>17}  "
+              f"{str(r['resumed_cached_tokens']):>21}  "
+              f"{r['_subagent_cached_tokens']:,}/{r['_subagent_prompt_tokens']:,}  {r['_seconds']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""swa_thin (`DSV41_SWA_THIN=1`): moved-past SWA checkpoints go to the evict-first end of the SWA LRU.
+
+A cached prefix is resumable only at a node whose last sliding window still holds SWA slots. Every
+chunk of a chunked prefill and every agent turn leaves such a checkpoint (its window is two SWA
+pages in two tree nodes at page 256 / window 128). In stock LRU order the checkpoints that their
+own request has already moved past sit ahead of an idle session's only live resume point, so that
+point is evicted first and the session's next turn re-prefills everything.
+
+What this adapter does, and nothing more:
+- `UnifiedRadixCache.checkpoint_into_tree` (every chunk checkpoint and the final insert of a
+  request): the engine unlocks the request's old lock node and locks the node the insert ended on.
+  When those differ, the request has moved past the old node's checkpoint: the SWA-bearing nodes
+  of that checkpoint's window (the same span the engine refreshes at MATCH_END / INSERT_END:
+  sliding window + one page, walking up from the node) are moved to the evict-first end of the
+  SWA LRU. The first checkpoint of a request moves its prefix-match node (its admission lock), so
+  the prefix-match node of a request that made no chunked step is covered by the same rule.
+  Kept in place: nodes still locked (another live request reads them), nodes of the new window
+  (short extends overlap it), session-referenced nodes (the engine's session partition).
+  No node is freed, locked, split or resized; sizes and lock refs are untouched.
+- `tree_core_registry.select_tree_core_backend`: the Rust tree core (the engine default) keeps its
+  SWA LRU inside the extension with no Python-side way to reorder it, so with the key set the
+  engine's own backend selection returns "python" where it would return "rust" (one receipt line
+  per cache built that way). bench/thin_core_cost.py measures what the Python core costs.
+
+Receipt: one line every 1024 hooked inserts with the moved / kept counts.
+"""
+from __future__ import annotations
+
+import collections
+
+from adapter import receipts
+
+NAME = "swa_thin"
+RECEIPT_EVERY = 1024
+
+
+class _Stats:
+    def __init__(self):
+        self.hooked = 0            # checkpoint_into_tree calls seen
+        self.passed = 0            # checkpoints whose request moved past them
+        self.moved = 0             # SWA LRU nodes moved to the evict-first end
+        self.kept = collections.Counter()   # nodes of a passed checkpoint left in place, by reason
+        self.window = [0, 0, 0]    # passed / moved / kept since the last receipt line
+
+
+    def summary(self) -> dict:
+        return {"hooked_inserts": self.hooked, "passed": self.passed, "moved": self.moved,
+                "kept": dict(self.kept)}
+
+
+stats = _Stats()
+
+
+def reset_stats() -> None:
+    global stats
+    stats = _Stats()
+
+
+def _swa_lru(cache):
+    """(tree core, SWA component, SWA device LRU) of a cache thin can act on, else None."""
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+    if cache.disable or not cache.is_swa_enabled:
+        return None
+    core = cache.tree_core
+    lru_lists = getattr(core, "lru_lists", None)
+    if lru_lists is None:
+        receipts.fallback(NAME, f"tree core {type(core).__name__} has no Python SWA LRU; "
+                                "SWA eviction order left to the engine")
+        return None
+    return core, cache.components[ComponentType.SWA], lru_lists[ComponentType.SWA]
+
+
+def _window_nodes(core, node, span):
+    """Nodes of the checkpoint window ending at `node`: walk up while < span tokens are covered."""
+    out = []
+    covered = 0
+    root = core.root_node
+    while node is not None and node is not root and covered < span:
+        out.append(node)
+        covered += len(node.key)
+        node = node.parent
+    return out
+
+
+def _to_evict_first_end(lru, node) -> None:
+    """Relink `node` just before the tail sentinel: the next SWA eviction walk starts there."""
+    lru.remove_node(node)
+    last = lru.tail.lru_prev[lru._pt]
+    if last is lru.head or last is lru.mid:
+        # Empty (unreferenced part of the) list: insert_mru lands right before the tail.
+        lru.insert_mru(node)
+    else:
+        lru.insert_after(last, node)
+
+
+def move_passed_checkpoint(cache, old_id, new_id) -> tuple[int, int]:
+    """Move the window of checkpoint `old_id` (passed by its request, now at `new_id`) to the
+    evict-first end of the SWA LRU. Returns (moved, kept) node counts."""
+    found = _swa_lru(cache)
+    if found is None:
+        return 0, 0
+    core, swa, lru = found
+    try:
+        old = core.node_by_id(old_id)
+        new = core.node_by_id(new_id)
+    except KeyError:
+        receipts.fallback(NAME, "lock node left the tree during the insert; order unchanged")
+        return 0, 0
+    span = swa.sliding_window_size + core.page_size
+    live = {n.id for n in _window_nodes(core, new, span)}
+    ct = swa.component_type
+    referenced = lru._is_referenced
+    to_move = []
+    kept = 0
+    for node in _window_nodes(core, old, span):
+        cd = node.component_data[ct]
+        if cd.value is None or node.id not in lru.cache:
+            continue                      # tombstone: nothing in the SWA LRU to move
+        if node.id in live:
+            reason = "in-new-window"
+        elif cd.lock_ref > 0:
+            reason = "locked"
+        elif referenced is not None and referenced(node):
+            reason = "session"
+        else:
+            to_move.append(node)
+            continue
+        stats.kept[reason] += 1
+        kept += 1
+    # Deepest first, so the checkpoint's oldest node ends nearest the tail (as the engine orders).
+    for node in to_move:
+        _to_evict_first_end(lru, node)
+    return len(to_move), kept
+
+
+def _checkpoint_into_tree(original, self, req, *args, **kwargs):
+    lock = getattr(req, "lock", None)
+    old_id = lock.node if lock is not None else None
+    result = original(self, req, *args, **kwargs)
+    stats.hooked += 1
+    new_id = req.last_node
+    if old_id is not None and new_id is not None and new_id != old_id:
+        moved, kept = move_passed_checkpoint(self, old_id, new_id)
+        stats.passed += 1
+        stats.moved += moved
+        stats.window[0] += 1
+        stats.window[1] += moved
+        stats.window[2] += kept
+    if stats.hooked % RECEIPT_EVERY == 0:
+        p, m, k = stats.window
+        receipts.line(NAME, "%d hooked inserts: %d checkpoints passed, %d SWA nodes moved to the "
+                      "evict-first end, %d kept (total moved %d, kept %d: %s)",
+                      stats.hooked, p, m, k, stats.moved, sum(stats.kept.values()),
+                      ", ".join(f"{r} {n}" for r, n in sorted(stats.kept.items())) or "-")
+        stats.window = [0, 0, 0]
+    return result
+
+
+def _select_tree_core_backend(original, params, *args, **kwargs):
+    name = original(params, *args, **kwargs)
+    if name == "rust":
+        receipts.counters[NAME]["python_core_selected"] += 1
+        receipts.line(NAME, "tree core: python instead of rust (DSV41_SWA_THIN=1 reorders the SWA "
+                      "LRU, which the Rust core keeps out of Python's reach; unset the key for rust)")
+        return "python"
+    return name
+
+
+def _check_lru_api() -> None:
+    from adapter.installer import Refusal
+    from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedLRUList
+
+    missing = [a for a in ("remove_node", "insert_after", "insert_mru") if not hasattr(UnifiedLRUList, a)]
+    if missing:
+        raise Refusal(f"UnifiedLRUList lacks {', '.join(missing)}")
+
+
+def install(ctx) -> str:
+    _check_lru_api()
+    ctx.around("UnifiedRadixCache.checkpoint_into_tree", _checkpoint_into_tree)
+    ctx.around("select_tree_core_backend", _select_tree_core_backend)
+    return (f"DSV41_SWA_THIN={ctx.value('DSV41_SWA_THIN')}: moved-past checkpoints to the SWA "
+            f"LRU's evict-first end; tree core python (rust selections switched); receipt every "
+            f"{RECEIPT_EVERY} inserts")
