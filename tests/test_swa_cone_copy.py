@@ -1,0 +1,232 @@
+"""Cone replay, forward side, on a small real DeepSeekV4TokenToKVPool (V4 layout, compress ratios
+4 and 128, c4 indexer) on CPU, a real ReqToTokenPool and a real ForwardBatch.
+
+The GPU kernels that store latents / index keys cannot run here; `_store` writes token rows with
+the byte addressing of the pool's KVLayout (data rows, then the page's scale rows) at every slot a
+row's loc maps to, a superset of what the compressors write.
+"""
+import logging
+
+import pytest
+import torch
+
+P = 256
+PAGES = 16
+
+
+@pytest.fixture(scope="module")
+def pool():
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=P))
+    from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
+
+    return DeepSeekV4TokenToKVPool(
+        max_num_reqs=4, swa_size=PAGES * P, c4_size=PAGES * P // 4, c128_size=PAGES * P // 128,
+        c4_state_pool_size=4, c128_state_pool_size=4, page_size=P, swa_page_size=P,
+        dtype=torch.float8_e4m3fn, c4_state_dtype=torch.float32, c128_state_dtype=torch.float32,
+        qk_nope_head_dim=448, qk_rope_head_dim=64, indexer_head_dim=128, layer_num=4,
+        device="cpu", enable_memory_saver=False, compression_ratios=[0, 4, 128, 4],
+        full_size=PAGES * P)
+
+
+def _buffers(pool):
+    """(ratio, pool page, 2-D page-row buffer) of every latent and index-key buffer."""
+    out = [(r, kv.page_size, b.view(torch.uint8).view(b.shape[0], -1))
+           for r, kv in pool.kv_pools.items() for b in kv.kv_buffer]
+    out += [(r, ix.page_size, b) for r, ix in pool.index_pools.items()
+            for b in ix.contiguous_page_row_buffers()]
+    return out
+
+
+def _randomize(pool, seed):
+    g = torch.Generator().manual_seed(seed)
+    for _, _, buf in _buffers(pool):
+        buf.copy_(torch.randint(0, 256, buf.shape, dtype=torch.uint8, generator=g))
+    for buf in pool.swa_kv_pool.kv_buffer:
+        buf.copy_(torch.randint(0, 256, buf.shape, dtype=torch.uint8, generator=g))
+
+
+def _loc(pages):
+    return torch.cat([torch.arange(p * P, (p + 1) * P) for p in pages])
+
+
+def _store(pool, loc, seed):
+    """Write a fresh token row at slot loc // ratio of every latent / index-key buffer."""
+    g = torch.Generator().manual_seed(seed)
+    for ratio, kv in pool.kv_pools.items():
+        layout, ps = kv.kv_layout, kv.page_size
+        data_stride, scale_base, scale_stride = layout.row_addressing(ps)
+        for b in kv.kv_buffer:
+            buf = b.view(torch.uint8).view(b.shape[0], -1)
+            for slot in torch.unique(loc // ratio).tolist():
+                page, i = divmod(slot, ps)
+                buf[page, i * data_stride:i * data_stride + layout.data_bytes] = torch.randint(
+                    0, 256, (layout.data_bytes,), dtype=torch.uint8, generator=g)
+                at = scale_base + i * scale_stride
+                buf[page, at:at + layout.scale_bytes] = torch.randint(
+                    0, 256, (layout.scale_bytes,), dtype=torch.uint8, generator=g)
+    for ratio, ix in pool.index_pools.items():
+        ps = ix.page_size
+        for buf in ix.contiguous_page_row_buffers():
+            for slot in torch.unique(loc // ratio).tolist():
+                page, i = divmod(slot, ps)
+                buf[page, i * 128:(i + 1) * 128] = torch.randint(0, 256, (128,), dtype=torch.uint8,
+                                                                 generator=g)
+                buf[page, ps * 128 + i * 4:ps * 128 + (i + 1) * 4] = torch.randint(
+                    0, 256, (4,), dtype=torch.uint8, generator=g)
+
+
+def _pages_equal(buf, ps, ratio, a, b):
+    k = P // ratio // ps
+    ia = torch.cat([torch.arange(p * k, (p + 1) * k) for p in a])
+    ib = torch.cat([torch.arange(p * k, (p + 1) * k) for p in b])
+    return bool((buf[ia] == buf[ib]).all())
+
+
+def test_copy_puts_exactly_the_resident_bytes_in_the_replay_rows(pool):
+    from adapter.swa_cone_copy import copy_resident
+
+    _randomize(pool, 1)
+    before = [buf.clone() for _, _, buf in _buffers(pool)]
+    swa_before = [b.clone() for b in pool.swa_kv_pool.kv_buffer]
+    src, dst = [3, 4], [9, 10]
+    assert not all(_pages_equal(buf, ps, r, src, dst) for r, ps, buf in _buffers(pool))
+    report = copy_resident(pool, _loc(src), _loc(dst), page_size=P)
+    total = 0
+    for (ratio, ps, buf), old in zip(_buffers(pool), before):
+        k = P // ratio // ps
+        moved = torch.cat([torch.arange(p * k, (p + 1) * k) for p in dst])
+        assert _pages_equal(buf, ps, ratio, src, dst), ratio
+        keep = torch.ones(buf.shape[0], dtype=torch.bool)
+        keep[moved] = False
+        assert torch.equal(buf[keep], old[keep])              # nothing else changed
+        total += moved.numel() * buf.shape[1]
+    assert (report.full_pages, report.buffers, report.bytes) == (2, len(before), total)
+    assert all(torch.equal(a, b) for a, b in zip(pool.swa_kv_pool.kv_buffer, swa_before))
+
+
+def test_copy_refuses_partial_or_overlapping_pages(pool):
+    from adapter.swa_cone_copy import copy_resident
+
+    with pytest.raises(ValueError):
+        copy_resident(pool, _loc([3])[:200], _loc([9])[:200], page_size=P)
+    with pytest.raises(ValueError):
+        copy_resident(pool, _loc([3, 4]), _loc([4, 5]), page_size=P)
+    with pytest.raises(ValueError):
+        copy_resident(pool, _loc([3]).flip(0), _loc([9]), page_size=P)
+
+
+def _batch(r2t, *, s, F, tail, other):
+    """Request A: prefix [0, s) resident, first pass [s, F + tail) on fresh pages; request B: a
+    plain 0-prefix extend of `other` tokens."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+    a_row = torch.cat([_loc([1, 2]), _loc([9, 10]), _loc([11])[:tail]])  # [0,s) | [s,F) | [F,..)
+    b_row = _loc([12, 13])[:other]
+    r2t[0, :a_row.numel()] = a_row.to(r2t.dtype)
+    r2t[1, :b_row.numel()] = b_row.to(r2t.dtype)
+    out = torch.cat([a_row[s:], b_row])
+    fb = ForwardBatch(forward_mode=ForwardMode.EXTEND, batch_size=2,
+                      input_ids=torch.zeros(out.numel(), dtype=torch.int64),
+                      req_pool_indices=torch.tensor([0, 1]),
+                      seq_lens=torch.tensor([F + tail, other]), out_cache_loc=out,
+                      seq_lens_sum=F + tail + other)
+    fb.rids = ["A", "B"]
+    fb.extend_prefix_lens_cpu = [s, 0]
+    fb.extend_seq_lens_cpu = [F + tail - s, other]
+    fb.req_pool_indices_cpu = torch.tensor([0, 1])
+    return fb
+
+
+def _cone_with_plan(s, F, test=True):
+    from adapter.swa_cone import Cone, Plan
+
+    cone = Cone(F - s, test=test)
+    cone.plans["A"] = Plan(rid="A", F=F, s=s, L=F + 100, src_loc=_loc([3, 4]))
+    return cone
+
+
+def test_replay_rows_copy_mask_and_floor(pool, caplog):
+    from sglang.srt.layers.attention.deepseek_v4_backend import DeepseekV4AttnBackend
+    from sglang.srt.mem_cache.dsv41_request_window import window_layout
+
+    s, F, tail, other = 512, 1024, 100, 300
+    _randomize(pool, 2)
+    r2t = torch.zeros(4, PAGES * P, dtype=torch.int32)
+    fb = _batch(r2t, s=s, F=F, tail=tail, other=other)
+    cone = _cone_with_plan(s, F)
+    with caplog.at_level(logging.INFO, logger="sglang.dsv41"):
+        applied = cone.apply(fb, pool=pool, req_to_token=r2t, page_size=P)
+    copies = [r.getMessage() for r in caplog.records if " copy " in r.getMessage()]
+    assert len(applied) == 1 and len(copies) == 1 and "request=A rows=[512,1024)" in copies[0]
+    assert "A" not in cone.plans                              # one copy per replay
+    for ratio, ps, buf in _buffers(pool):
+        assert _pages_equal(buf, ps, ratio, [3, 4], [9, 10])
+    n_a = F + tail - s
+    keep = torch.cat([torch.arange(F - s, n_a), torch.arange(n_a, n_a + other)])
+    assert torch.equal(fb.encoder_swa_compress_rows, keep)
+
+    # The engine's own compressor-loc rule: replay rows write the padding slot.
+    loc = DeepseekV4AttnBackend._compressor_out_loc(fb)
+    assert bool((loc[:F - s] == 0).all()) and torch.equal(loc[F - s:], fb.out_cache_loc[F - s:])
+    snap = [buf.clone() for _, _, buf in _buffers(pool)]
+    _store(pool, loc, seed=3)
+    for (ratio, ps, buf), old in zip(_buffers(pool), snap):
+        assert _pages_equal(buf, ps, ratio, [3, 4], [9, 10]), "replay rows were overwritten"
+        k = P // ratio // ps
+        assert not torch.equal(buf[:k], old[:k])              # the padding page took the writes
+        assert not torch.equal(buf[11 * k:12 * k], old[11 * k:12 * k])   # rows >= F wrote
+    # Unmasked, the same writes would land on the replay rows (the check above can fail).
+    _store(pool, fb.out_cache_loc, seed=4)
+    assert not all(_pages_equal(buf, ps, r, [3, 4], [9, 10]) for r, ps, buf in _buffers(pool))
+
+    # Window floored at s: rows of A never see a position below s; B is unchanged.
+    floor = fb.encoder_swa_row_floor
+    assert torch.equal(floor, torch.tensor([s] * n_a + [0] * other))
+    req = torch.tensor([0] * n_a + [1] * other)
+    pos = torch.cat([torch.arange(s, F + tail), torch.arange(0, other)])
+    lay = window_layout(req, pos, zero_row=4 * P, window=128, capacity=P, floor=floor)
+    want = torch.minimum(pos - floor + 1, torch.tensor(128))
+    assert torch.equal(lay.lengths.long(), want)
+    plain = window_layout(req, pos, zero_row=4 * P, window=128, capacity=P)
+    assert not torch.equal(plain.lengths, lay.lengths)         # the floor is what bounds A
+
+    # Paged SWA path: the same floor reaches init_forward_metadata_prefill as swa_replay_start.
+    seen = {}
+
+    def original(backend, **kwargs):
+        seen.update(kwargs)
+
+    class _Pool:
+        request_window = None
+
+    class _Backend:
+        token_to_kv_pool = _Pool()
+
+    cone.init_prefill_metadata(original, _Backend(), forward_batch=fb,
+                               out_cache_loc=fb.out_cache_loc, swa_replay_start=None)
+    assert torch.equal(seen["swa_replay_start"], floor)
+
+
+def test_batch_without_a_plan_is_untouched(pool):
+    s, F = 512, 1024
+    r2t = torch.zeros(4, PAGES * P, dtype=torch.int32)
+    fb = _batch(r2t, s=s, F=F, tail=100, other=300)
+    fb.extend_prefix_lens_cpu = [s + 256, 0]                  # not the planned first pass
+    cone = _cone_with_plan(s, F)
+    assert cone.apply(fb, pool=pool, req_to_token=r2t, page_size=P) == []
+    assert fb.encoder_swa_compress_rows is None and fb.encoder_swa_row_floor is None
+    assert "A" in cone.plans
+
+
+def test_cone_test_switch_checks_the_copy(pool):
+    from adapter.swa_cone import _verify_copy
+    from adapter.swa_cone_copy import copy_resident
+
+    _randomize(pool, 5)
+    copy_resident(pool, _loc([3, 4]), _loc([9, 10]), page_size=P)
+    _verify_copy(pool, _loc([3, 4]), _loc([9, 10]), P)
+    pool.index_pools[4].contiguous_page_row_buffers()[0][9, 0] ^= 0xFF
+    with pytest.raises(AssertionError):
+        _verify_copy(pool, _loc([3, 4]), _loc([9, 10]), P)
