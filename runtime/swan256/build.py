@@ -1,0 +1,203 @@
+"""Build the swan256 decode module ahead of time with the pinned FlashInfer's own JIT build API.
+
+    python runtime/swan256/build.py [--out runtime/build/swan256] [--arch 12.0a --arch 12.1a]
+                                    [--heads 8,16,32,64,128,0] [--jobs N] [--dry-run]
+
+Sources: runtime/swan256/swan256.cu (ours) and FlashInfer's installed
+csrc/sparse_mla_sm120/attention_resolve.cu (its planner, compiled as a dependency, not copied).
+Flags: FlashInfer's gen_jit_spec defaults (-O3, -use_fast_math, its FLASHINFER_ENABLE_* defines,
+compressed fatbins) plus the SM12x gencode flags FlashInfer's own sparse_mla_sm120 module uses,
+for the arch list given here (default sm_120a and sm_121a). The ninja file is written by
+FlashInfer's generate_ninja_build_for_op and run by its run_ninja, in a build directory under
+--out. Writes <out>/swan256.so and <out>/manifest.json (module tag, FlashInfer version and git
+commit, arch list, sha256 and size of the .so, build flags, sources with sha256, build seconds).
+
+FlashInfer's package __init__ imports pynvml and its GPU runtime stack; the build needs neither,
+so only flashinfer.jit.{env,core,cpp_ext} are loaded, with the two package levels registered as
+bare namespace modules (their __init__ files are not executed).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+import types
+
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+MODULE_TAG = "swan256"
+PAGE_TOKENS = 256
+DEFAULT_ARCHS = ("12.0a", "12.1a")
+DEFAULT_HEADS = "8,16,32,64,128,0"
+HEAD_SLOTS = (8, 16, 32, 64, 128, 0)      # bit order of SWAN_HEAD_MASK in swan256.cu
+MANIFEST_SCHEMA = 1
+
+
+def sha256_file(path: pathlib.Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def load_flashinfer_jit():
+    """flashinfer.jit.{env,core,cpp_ext} without running flashinfer/__init__.py."""
+    spec = importlib.util.find_spec("flashinfer")
+    if spec is None or spec.origin is None:
+        raise SystemExit("[swan] flashinfer-python is not installed in this interpreter")
+    root = pathlib.Path(spec.origin).parent
+    for name, path in (("flashinfer", root), ("flashinfer.jit", root / "jit")):
+        if name not in sys.modules:
+            module = types.ModuleType(name)
+            module.__path__ = [str(path)]
+            module.__package__ = name
+            sys.modules[name] = module
+    from flashinfer.jit import core, cpp_ext
+    from flashinfer.jit import env as jit_env
+    from flashinfer import _build_meta
+
+    return core, cpp_ext, jit_env, _build_meta
+
+
+def cuda_home() -> pathlib.Path:
+    """CUDA_HOME, else the toolkit root nvcc reports (nvcc may be a wrapper script on PATH)."""
+    if os.environ.get("CUDA_HOME"):
+        return pathlib.Path(os.environ["CUDA_HOME"])
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise SystemExit("[swan] nvcc not found on PATH")
+    proc = subprocess.run([nvcc, "-dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+                          capture_output=True, text=True)
+    for line in (proc.stdout + proc.stderr).splitlines():
+        if line.startswith("#$ TOP="):
+            return pathlib.Path(line.split("=", 1)[1].strip()).resolve()
+    return pathlib.Path(nvcc).resolve().parent.parent
+
+
+def driver_stub_flags(home: pathlib.Path, out: pathlib.Path) -> list[str]:
+    """FlashInfer's link line names -lcuda. A compile-only toolkit (no driver, no stubs/) gets a
+    symbol-less libcuda.so with the driver's soname, as CUDA's own stubs/ directory provides;
+    the module then binds to the real libcuda.so.1 where it is loaded."""
+    for d in (home / "lib64" / "stubs", *home.glob("targets/*/lib/stubs")):
+        if (d / "libcuda.so").exists():
+            return [f"-L{d}"]
+    stub_dir = out / "stubs"
+    stub_dir.mkdir(parents=True, exist_ok=True)
+    stub = stub_dir / "libcuda.so"
+    if not stub.exists():
+        src = stub_dir / "libcuda_stub.c"
+        src.write_text("/* link-time stand-in for the CUDA driver (soname libcuda.so.1) */\n")
+        subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1",
+                        "-o", str(stub), str(src)], check=True)
+    return [f"-L{stub_dir}"]
+
+
+def arch_gencode(arch: str) -> str:
+    major, minor = arch.split(".")
+    return f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(REPO / "runtime" / "build" / MODULE_TAG))
+    ap.add_argument("--arch", action="append", help="CUDA arch with suffix, e.g. 12.1a")
+    ap.add_argument("--heads", default=os.environ.get("SWAN_HEADS", DEFAULT_HEADS),
+                    help="head specialisations to compile (0 = runtime-head kernel)")
+    ap.add_argument("--jobs", type=int, default=int(os.environ.get("SWAN_JOBS", "0")) or None)
+    ap.add_argument("--dry-run", action="store_true", help="write build.ninja, do not compile")
+    args = ap.parse_args(argv)
+
+    archs = tuple(args.arch or DEFAULT_ARCHS)
+    heads = tuple(int(h) for h in args.heads.split(","))
+    if not set(heads) <= set(HEAD_SLOTS):
+        raise SystemExit(f"[swan] --heads {args.heads}: FlashInfer's DSV4 decode specialises "
+                         "8, 16, 32, 64, 128 and 0 (runtime) heads only")
+    out = pathlib.Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    # FlashInfer derives its JIT dir from these at import time: keep everything under --out.
+    os.environ["FLASHINFER_WORKSPACE_BASE"] = str(out / "ws")
+    os.environ["FLASHINFER_CUDA_ARCH_LIST"] = " ".join(archs)
+    home = cuda_home()
+    os.environ["CUDA_HOME"] = str(home)
+    if args.jobs:
+        os.environ["MAX_JOBS"] = str(args.jobs)
+    # nvcc compiles the gencode targets of one source in parallel threads (no effect on code).
+    os.environ.setdefault("FLASHINFER_NVCC_THREADS", str(len(archs)))
+
+    core, cpp_ext, jit_env, build_meta = load_flashinfer_jit()
+    fi_version = build_meta.__version__
+    resolve_src = jit_env.FLASHINFER_CSRC_DIR / "sparse_mla_sm120" / "attention_resolve.cu"
+    sources = [HERE / "swan256.cu", resolve_src]
+    for src in sources:
+        if not src.exists():
+            raise SystemExit(f"[swan] missing source {src}")
+
+    # The same arch flags FlashInfer's own sparse_mla_sm120 module gets (supported majors: 12).
+    arch_flags = core.current_compilation_context.get_nvcc_flags_list(supported_major_versions=[12])
+    want = [arch_gencode(a) for a in archs]
+    if sorted(f for f in arch_flags if f.startswith("-gencode=")) != sorted(want):
+        raise SystemExit(f"[swan] FlashInfer arch flags {arch_flags} do not match {want}")
+    defines = [
+        f"-DSWAN_PAGE_TOKENS={PAGE_TOKENS}",
+        # ninja runs commands through /bin/sh: single quotes keep the string literal's quotes.
+        f"'-DSWAN_MODULE_TAG=\"{MODULE_TAG}\"'",
+        f"'-DSWAN_FLASHINFER_VERSION=\"{fi_version}\"'",
+        f"-DSWAN_HEAD_MASK={sum(1 << HEAD_SLOTS.index(h) for h in set(heads)):#x}",
+    ]
+    ldflags = driver_stub_flags(home, out)
+    spec = core.gen_jit_spec(MODULE_TAG, sources, extra_cuda_cflags=arch_flags + defines,
+                             extra_ldflags=ldflags)
+    spec.write_ninja()
+    ninja = spec.ninja_path
+    built_so = spec.jit_library_path
+    if args.dry_run:
+        print(f"[swan] dry run: wrote {ninja}")
+        return 0
+
+    start = time.monotonic()
+    cpp_ext.run_ninja(spec.build_dir, ninja, verbose=False)
+    seconds = time.monotonic() - start
+
+    so_path = out / f"{MODULE_TAG}.so"
+    tmp = so_path.with_suffix(".so.tmp")
+    shutil.copyfile(built_so, tmp)
+    os.replace(tmp, so_path)
+    manifest = {
+        "schema": MANIFEST_SCHEMA,
+        "module_tag": MODULE_TAG,
+        "so": so_path.name,
+        "sha256": sha256_file(so_path),
+        "size_bytes": so_path.stat().st_size,
+        "flashinfer_version": fi_version,
+        "flashinfer_git_commit": getattr(build_meta, "__git_commit__", ""),
+        "archs": [f"sm_{a.replace('.', '')}" for a in archs],
+        "page_tokens": PAGE_TOKENS,
+        "page_stride_bytes": (PAGE_TOKENS * 584 + 575) // 576 * 576,
+        "heads": [h for h in HEAD_SLOTS if h in heads],
+        "nvcc": cpp_ext.get_cuda_version().base_version,
+        "cuda_home": str(home),
+        "build_flags": spec.extra_cuda_cflags,
+        "link_flags": ldflags,
+        "sources": {
+            (str(s.relative_to(REPO)) if s.is_relative_to(REPO) else
+             "flashinfer:" + str(s.relative_to(jit_env.FLASHINFER_DATA))): sha256_file(s)
+            for s in sources
+        },
+        "build_seconds": round(seconds, 1),
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    print(f"[swan] built {so_path} ({manifest['size_bytes']} bytes, sha256 {manifest['sha256']}) "
+          f"for {', '.join(manifest['archs'])} with FlashInfer {fi_version} in {seconds:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
