@@ -24,7 +24,9 @@ import importlib.util
 import json
 import os
 import pathlib
+import resource
 import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -100,6 +102,37 @@ def driver_stub_flags(home: pathlib.Path, out: pathlib.Path) -> list[str]:
     return [f"-L{stub_dir}"]
 
 
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+FATBIN_MAGIC = 0xBA55ED50
+
+
+def list_cubins(path: pathlib.Path) -> list[dict]:
+    """The device code entries of a shared object's fatbins: [{"arch": "sm_121", "kind":
+    "cubin"|"ptx", "bytes": uncompressed size}], read from the fatbin container headers (no CUDA
+    tools needed). Containers hold 16-byte-aligned entries: u16 kind (1 ptx, 2 elf), u16 version,
+    u32 header size, u64 payload size, ..., u32 sm arch at byte 28, u64 uncompressed size at 56."""
+    data = pathlib.Path(path).read_bytes()
+    entries, pos = [], 0
+    while (pos := data.find(struct.pack("<I", FATBIN_MAGIC), pos)) >= 0:
+        _, _, header, size = struct.unpack_from("<IHHQ", data, pos)
+        off, end = pos + header, pos + header + size
+        while off + 64 <= end:
+            kind, _, ehdr, payload = struct.unpack_from("<HHIQ", data, off)
+            if ehdr < 64 or kind not in (1, 2):
+                break
+            arch = struct.unpack_from("<I", data, off + 28)[0]
+            raw = struct.unpack_from("<Q", data, off + 56)[0] or payload
+            entries.append({"arch": f"sm_{arch}", "kind": "cubin" if kind == 2 else "ptx",
+                            "bytes": raw})
+            off += ehdr + payload
+        pos = max(end, pos + 4)
+    return entries
+
+
 def arch_gencode(arch: str) -> str:
     major, minor = arch.split(".")
     return f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}"
@@ -162,11 +195,21 @@ def main(argv=None) -> int:
         print(f"[swan] dry run: wrote {ninja}")
         return 0
 
+    before = built_so.stat().st_mtime_ns if built_so.exists() else None
     start = time.monotonic()
+    cpu_start = _children_cpu()
     cpp_ext.run_ninja(spec.build_dir, ninja, verbose=False)
     seconds = time.monotonic() - start
+    cpu_seconds = _children_cpu() - cpu_start
 
     so_path = out / f"{MODULE_TAG}.so"
+    previous = {}
+    if (out / "manifest.json").exists():
+        try:
+            previous = json.loads((out / "manifest.json").read_text())
+        except ValueError:
+            previous = {}
+    rebuilt = before is None or built_so.stat().st_mtime_ns != before
     tmp = so_path.with_suffix(".so.tmp")
     shutil.copyfile(built_so, tmp)
     os.replace(tmp, so_path)
@@ -187,15 +230,21 @@ def main(argv=None) -> int:
         "build_flags": spec.extra_cuda_cflags,
         "link_flags": ldflags,
         "sources": {
-            (str(s.relative_to(REPO)) if s.is_relative_to(REPO) else
-             "flashinfer:" + str(s.relative_to(jit_env.FLASHINFER_DATA))): sha256_file(s)
+            ("flashinfer:" + str(s.relative_to(jit_env.FLASHINFER_DATA))
+             if s.is_relative_to(jit_env.FLASHINFER_DATA) else str(s.relative_to(REPO))): sha256_file(s)
             for s in sources
         },
-        "build_seconds": round(seconds, 1),
+        "cubins": list_cubins(so_path),
+        # A no-op (ninja up to date) run keeps the figures of the build that made the .so.
+        "build_seconds": round(seconds, 1) if rebuilt else previous.get("build_seconds"),
+        "build_cpu_seconds": (round(cpu_seconds, 1) if rebuilt
+                              else previous.get("build_cpu_seconds")),
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    print(f"[swan] built {so_path} ({manifest['size_bytes']} bytes, sha256 {manifest['sha256']}) "
-          f"for {', '.join(manifest['archs'])} with FlashInfer {fi_version} in {seconds:.0f} s")
+    verb = "built" if rebuilt else "up to date:"
+    print(f"[swan] {verb} {so_path} ({manifest['size_bytes']} bytes, sha256 {manifest['sha256']}) "
+          f"for {', '.join(manifest['archs'])} with FlashInfer {fi_version} in {seconds:.0f} s "
+          f"({cpu_seconds:.0f} CPU s)")
     return 0
 
 
