@@ -21,6 +21,7 @@ from array import array
 PAGE = 256
 WINDOW = 128
 CHUNK = 8192
+LAST_CACHE = None   # the cache of the last scenario() run (tests read its tree core)
 
 
 class Driver:
@@ -133,7 +134,9 @@ def build(full_tokens: int, swa_tokens: int, backend: str):
 def scenario(*, doc_tokens=300_000, prompts=800, prompt_tokens=1024, tail_tokens=2048,
              backend="python", full_tokens=1_200_000, swa_tokens=131_072):
     """Run the scenario once on a fresh cache (with whatever adapters are installed)."""
+    global LAST_CACHE
     cpu = build(full_tokens, swa_tokens, backend)
+    LAST_CACHE = cpu.cache
     drv = Driver(cpu)
     doc = list(range(1, doc_tokens + 1))
     drv.prefill(doc, output_tokens=[7] * 64)
