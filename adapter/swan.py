@@ -501,6 +501,9 @@ class _Router:
         return self.kernel.run(plan, kwargs)
 
 
+ROUTER: Optional[_Router] = None     # the installed router of this process (introspection)
+
+
 def install(ctx) -> str:
     from adapter.installer import Refusal
 
@@ -522,7 +525,8 @@ def install(ctx) -> str:
         except Exception as exc:
             raise Refusal(f"{info.so_path} failed to load: {type(exc).__name__}: {exc}") from None
         load = "loaded"
-    router = _Router(ctx, info, kernel)
+    global ROUTER
+    router = ROUTER = _Router(ctx, info, kernel)
     ctx.around(ENTRY, router)
     return (f"{KEY}={ctx.value(KEY)}: decode calls of <= {DECODE_MAX_TOKENS} rows read the "
             f"{PAGE_TOKENS}-token SWA pages in place ([N,{PAGE_TOKENS},1,{ROW_BYTES}], stride(0)="

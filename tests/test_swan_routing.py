@@ -1,0 +1,217 @@
+"""swan routing: which decode calls the swan256 module serves in place, and the fallback reasons.
+
+Routing is a pure function of the call's tensor metadata (adapter.swan.route); these tests build
+the engine-shaped call on CPU tensors and present them as CUDA tensors of an sm_121 device (the
+only thing that cannot exist here). The hook itself is tested through the production installer
+on the real engine entry `flash_mla_with_kvcache_sm120`.
+"""
+import dataclasses
+import json
+import logging
+
+import pytest
+import torch
+
+from adapter import swan
+
+POOL_PAGES = 5
+
+
+def _pool(pages=POOL_PAGES, page_tokens=256):
+    stride = swan.PAGE_STRIDE if page_tokens == 256 else swan.SPLIT_PAGE_STRIDE
+    raw = torch.zeros(pages * stride, dtype=torch.uint8)
+    return raw, raw.as_strided((pages, page_tokens, 1, swan.ROW_BYTES),
+                               (stride, swan.ROW_BYTES, swan.ROW_BYTES, 1)).view(torch.float8_e4m3fn)
+
+
+def engine_call(rows=4, heads=16, topk=128, extra=True, extra_topk=512):
+    """Keyword arguments as deepseek_v4_backend passes them to flash_mla_with_kvcache_sm120."""
+    _, k_cache = _pool()
+    kw = dict(q=torch.zeros(rows, 1, heads, 512, dtype=torch.bfloat16), k_cache=k_cache,
+              head_dim_v=512, softmax_scale=512 ** -0.5,
+              indices=torch.full((rows, 1, topk), -1, dtype=torch.int32),
+              topk_length=torch.full((rows,), topk, dtype=torch.int32),
+              attn_sink=torch.zeros(heads, dtype=torch.float32),
+              extra_k_cache=None, extra_indices_in_kvcache=None, extra_topk_length=None)
+    if extra:
+        _, extra_cache = _pool(pages=3, page_tokens=64)
+        kw.update(extra_k_cache=extra_cache,
+                  extra_indices_in_kvcache=torch.full((rows, 1, extra_topk), -1, dtype=torch.int32),
+                  extra_topk_length=torch.full((rows,), extra_topk, dtype=torch.int32))
+    return kw
+
+
+def on_sm121(facts: swan.CallFacts, capability=(12, 1)) -> swan.CallFacts:
+    moved = {f.name: dataclasses.replace(getattr(facts, f.name), device="cuda")
+             for f in dataclasses.fields(facts) if isinstance(getattr(facts, f.name), swan.TensorFacts)}
+    return dataclasses.replace(facts, capability=capability, **moved)
+
+
+def decide(kw, backend="flashinfer", caps=swan.ModuleCaps(), capability=(12, 1), args=()):
+    return swan.route(on_sm121(swan.describe_call(args, kw, backend), capability), caps)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 16, 64])
+@pytest.mark.parametrize("heads", [8, 16, 64, 128])
+@pytest.mark.parametrize("extra", [False, True])
+def test_decode_shapes_are_served(rows, heads, extra):
+    assert decide(engine_call(rows=rows, heads=heads, extra=extra)) is None
+
+
+def test_runtime_head_kernel_serves_other_head_counts():
+    assert swan.kernel_heads(12) == 0 and swan.kernel_heads(16) == 16
+    assert decide(engine_call(heads=12)) is None
+    no_runtime = swan.ModuleCaps(heads=(8, 16, 32, 64, 128))
+    assert "without the 0-head kernel" in decide(engine_call(heads=12), caps=no_runtime)
+
+
+def _mutate(kw, **changes):
+    out = dict(kw)
+    out.update(changes)
+    return out
+
+
+def _cases():
+    base = engine_call()
+    raw, _ = _pool()
+    return {
+        "backend": (dict(kw=base, backend="triton"), "does not split pages"),
+        "rows>64": (dict(kw=engine_call(rows=65)), "more than 64 query rows"),
+        "sm_90": (dict(kw=base, capability=(9, 0)), "device sm_90"),
+        "head_dim_v": (dict(kw=_mutate(base, head_dim_v=448)), "head_dim_v 448"),
+        "q dtype": (dict(kw=_mutate(base, q=base["q"].half())), "q dtype float16"),
+        "q width": (dict(kw=_mutate(base, q=torch.zeros(4, 1, 16, 576, dtype=torch.bfloat16))), "q shape"),
+        "heads not built": (dict(kw=base, caps=swan.ModuleCaps(heads=(64,))), "16 heads: module built without"),
+        "too many heads": (dict(kw=engine_call(heads=192)), "192 heads"),
+        "2-D pool": (dict(kw=_mutate(base, k_cache=raw.view(POOL_PAGES, swan.PAGE_STRIDE))), "k_cache is 2-D"),
+        "already split": (dict(kw=_mutate(base, k_cache=_pool(page_tokens=64)[1])), "k_cache pages are [64, 1, 584]"),
+        "unpadded stride": (dict(kw=_mutate(base, k_cache=raw.as_strided(
+            (POOL_PAGES, 256, 1, 584), (256 * 584, 584, 584, 1)))), "k_cache strides"),
+        "pool dtype": (dict(kw=_mutate(base, k_cache=base["k_cache"].view(torch.int8))), "k_cache dtype int8"),
+        "indices dtype": (dict(kw=_mutate(base, indices=base["indices"].long())), "indices dtype int64"),
+        "indices width": (dict(kw=_mutate(base, indices=torch.zeros(4, 1, 100, dtype=torch.int32))), "indices width"),
+        "topk_length dtype": (dict(kw=_mutate(base, topk_length=base["topk_length"].long())), "topk_length is not"),
+        "sink length": (dict(kw=_mutate(base, attn_sink=torch.zeros(8))), "attn_sink is not"),
+        "extra alone": (dict(kw=_mutate(base, extra_indices_in_kvcache=None)), "not given together"),
+        "extra layout": (dict(kw=_mutate(base, extra_k_cache=torch.zeros(3, 64 * 584, dtype=torch.uint8))),
+                         "extra_k_cache is not a 3-D"),
+        "positional": (dict(kw=base, args=(1,)), "positional call"),
+    }
+
+
+CASES = _cases()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fallback_reasons(name):
+    options, expected = CASES[name]
+    reason = decide(**options)
+    assert reason is not None and expected in reason, reason
+
+
+def test_reasons_are_distinct_and_a_cpu_call_is_not_served():
+    reasons = [decide(**options) for options, _ in CASES.values()]
+    assert len(set(reasons)) == len(reasons)
+    cpu = swan.route(swan.describe_call((), engine_call(), "flashinfer"), swan.ModuleCaps())
+    assert cpu == "tensors on cpu, not CUDA"
+
+
+def test_tactic_must_match_the_stock_plan():
+    stock = {"variant": 0, "implementation": "ordinary", "numeric_route": "fp8", "cpb": 2,
+             "active_splits": 5, "scratch_split_stride": 10, "scratch_heads": 16,
+             "block_threads": 288, "shared_bytes": 90000, "partial_bytes": 4096, "lse_bytes": 64}
+    ours = dict(stock)
+    assert swan.tactic_reason(stock, ours) is None
+    assert "prefill variant 2" in swan.tactic_reason(dict(stock, variant=2), ours)
+    assert "mixed" in swan.tactic_reason(dict(stock, implementation="mixed"), ours)
+    for field in swan.COMPARED_FIELDS:
+        assert field in swan.tactic_reason(stock, dict(ours, **{field: ours[field] + 1}))
+    assert "could not plan" in swan.tactic_reason(stock, None)
+
+
+# --- through the production installer, on the real engine entry ------------------------------
+
+@pytest.fixture
+def fake_module(tmp_path, monkeypatch):
+    """A module directory that passes verify_module (a stand-in .so: nothing loads it on CPU)."""
+    so = tmp_path / "swan256.so"
+    so.write_bytes(b"\x7fELF stand-in for tests " * 64)
+    manifest = {"schema": 1, "module_tag": "swan256", "so": so.name, "sha256": swan.sha256_file(so),
+                "page_tokens": 256, "page_stride_bytes": 149760,
+                "flashinfer_version": swan.installed_flashinfer_version(),
+                "archs": ["sm_120a", "sm_121a"], "heads": [8, 16, 32, 64, 128, 0]}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setenv(swan.MODULE_DIR_ENV, str(tmp_path))
+    return tmp_path
+
+
+def _real_call(rows=2, heads=16, topk=64):
+    """A small real decode call (random pool, valid indices) the engine's torch path can run."""
+    g = torch.Generator().manual_seed(1)
+    raw = torch.randint(0, 120, (3 * swan.PAGE_STRIDE,), dtype=torch.uint8, generator=g)
+    k_cache = raw.as_strided((3, 256, 1, 584), (swan.PAGE_STRIDE, 584, 584, 1)).view(torch.float8_e4m3fn)
+    idx = torch.randint(0, 3 * 256, (rows, 1, topk), dtype=torch.int32, generator=g)
+    return dict(q=torch.randn(rows, 1, heads, 512, generator=g).to(torch.bfloat16), k_cache=k_cache,
+                head_dim_v=512, softmax_scale=512 ** -0.5, indices=idx,
+                topk_length=torch.full((rows,), topk, dtype=torch.int32),
+                attn_sink=torch.zeros(heads), extra_k_cache=None, extra_indices_in_kvcache=None,
+                extra_topk_length=None)
+
+
+def test_unserved_calls_reach_the_stock_entry_and_log_once(install_adapters, fake_module,
+                                                           monkeypatch, caplog):
+    from adapter import receipts
+    from sglang.kernels.ops.attention import flash_mla_sm120 as m
+
+    kw = _real_call()
+    monkeypatch.setattr(m, "_sm120_default_backend", "torch")   # the stock path CPU can run
+    expected = m.flash_mla_with_kvcache_sm120(**kw)[0]
+    state = install_adapters({"DSV41_SWA_NATIVE_DECODE": "1"})["swan"]
+    assert state.status == "installed", state.detail
+    assert "kernel deferred" in state.detail and "sha256" in state.detail
+    receipts.counters["swan"].clear()
+    receipts._seen_fallbacks.difference_update({k for k in receipts._seen_fallbacks if k[0] == "swan"})
+    with caplog.at_level(logging.INFO, logger="sglang.dsv41"):
+        outs = [m.flash_mla_with_kvcache_sm120(**kw)[0] for _ in range(3)]
+    for out in outs:
+        assert torch.equal(out, expected)
+    reason = "engine SM120 backend is 'torch': it does not split pages"
+    assert receipts.counters["swan"][f"fallback:{reason}"] == 3
+    assert sum(reason in r.getMessage() for r in caplog.records) == 1   # one line per reason
+    assert receipts.counters["swan"]["served"] == 0
+
+
+def test_served_calls_skip_the_stock_split(install_adapters, fake_module, monkeypatch):
+    """A call routing serves goes to the kernel layer; the stock entry (and its split) is never
+    reached. The kernel layer is the one thing replaced: it needs an SM12x GPU."""
+    from adapter import receipts
+    from sglang.kernels.ops.attention import flash_mla_sm120 as m
+
+    def no_split(*_a, **_k):
+        raise AssertionError("stock split reached")
+
+    monkeypatch.setattr(m, "_split_kv_pages_to_64", no_split)
+    monkeypatch.setattr(m, "_flash_mla_flashinfer", no_split)
+    state = install_adapters({"DSV41_SWA_NATIVE_DECODE": "1"})["swan"]
+    assert state.status == "installed", state.detail
+    router = swan.ROUTER
+    seen = []
+
+    class KernelStandIn:
+        def plan(self, facts, kwargs):
+            seen.append(facts)
+            return swan.Plan(None, {"cpb": 1})
+
+        def run(self, plan, kwargs):
+            return ("in place", None)
+
+    monkeypatch.setattr(router, "kernel", KernelStandIn())
+    monkeypatch.setattr(swan, "route", lambda facts, caps: None)
+    receipts.counters["swan"].clear()
+    assert m.flash_mla_with_kvcache_sm120(**_real_call()) == ("in place", None)
+    assert receipts.counters["swan"]["served"] == 1 and len(seen) == 1
+    # and a call routing refuses still goes to the stock entry
+    monkeypatch.setattr(swan, "route", lambda facts, caps: "test reason")
+    with pytest.raises(AssertionError, match="stock split reached"):
+        m.flash_mla_with_kvcache_sm120(**_real_call())
+    assert receipts.counters["swan"]["fallback:test reason"] == 1
