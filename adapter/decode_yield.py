@@ -1,0 +1,233 @@
+"""decode yield (`DSV41_DECODE_YIELD=pct`, 1..99): running streams keep a share of a chunked prefill.
+
+Between two chunks of a long chunked prefill the stock engine runs only `--prefill-decode-interval`
+decode steps (the profile says 1), so the other streams fall to ~8 % of their rate for the whole
+prefill. With the key set, after each NON-FINAL chunk of a chunked prompt, while decode rows are
+running, the next chunk is deferred, through the engine's own `_should_defer_prefill` path, until
+the running streams have had decode steps whose modelled time is worth pct/(100-pct) of that
+pass's modelled time:
+
+    steps = ceil(pct * pass_cost / ((100 - pct) * step_cost)), then min(steps, 128),
+            then max(steps, --prefill-decode-interval)
+
+What each hook does (nothing else changes):
+- `Scheduler._arm_prefill_decode_interval(batch)` (the engine's arming point, called on the batch
+  the step will run): runs the engine's arming unchanged, then notes a *candidate* when that batch
+  is an extend pass carrying a non-final chunk (`scheduler.chunked_req` is one of its requests: the
+  adder kept the request chunked, so more chunks follow). The candidate holds the pass's modelled
+  cost from its `prefix_lens` / `extend_lens`.
+- `Scheduler.get_next_batch_to_run`: runs the engine's step unchanged; if a candidate was noted,
+  arms the yield from the plan's running batch (decode rows: `plan.running_batch.reqs` plus the
+  mixed-chunk `batch.decoding_reqs`; their context lengths). Fewer rows than
+  max(1, --prefill-decode-interval-min-bs): not armed (a lone prompt keeps stock behaviour).
+- `Scheduler._should_defer_prefill(running_batch)`: while armed and the armed request is still the
+  scheduler's chunked request and the running batch still has enough rows, it calls the engine's
+  own method (which keeps the stock interval counter in step) and answers True: this step decodes.
+  After `steps` such answers, or as soon as the streams finish / the chunked request is gone
+  (aborted, cancelled: `process_pending_chunked_abort` clears `chunked_req`), it disarms and the
+  engine's method answers alone.
+
+Stock behaviour is kept exactly for the final chunk (no candidate: `chunked_req` is None after the
+adder admitted the last chunk), a lone prompt (no rows), a single-pass prompt (never chunked) and
+every step while not armed. The same chunks run in the same order and the same batches; only the
+decode steps between chunks are more.
+
+Determinism: every input is replicated scheduler state (chunk and prefix lengths, batch size,
+context lengths of the decode rows, the configured interval); no clock and nothing rank-local is
+read, so every TP rank defers alike. Under DP attention (`require_mlp_sync`) the engine keeps the
+interval in step across DP ranks while the rows differ per rank, and under pipeline parallelism
+the chunked request spans micro-batches: in both the yield is not applied (fallback line, stock
+interval kept). A dLLM scheduler never calls `_should_defer_prefill`: fallback too.
+
+Receipts: `[dsv41] decode_yield installed: ...` at install; one line per chunked prompt that
+yielded, when it leaves chunked prefill: chunks yielded, decode steps planned and run, early ends.
+"""
+from __future__ import annotations
+
+from adapter import receipts
+
+NAME = "decode_yield"
+KEY = "DSV41_DECODE_YIELD"
+MAX_STEPS = 128
+
+# --- Cost model (integer microseconds of one TP4 forward on the cluster) ---------------------
+# The one place these constants live. Units: modelled microseconds of a forward of DeepSeek V4.1
+# Flash on the production cluster (4x DGX Spark GB10, TP4 over RoCE, fp8 KV, page 256).
+# Where they come from (SPEC, "decode yield" and "Release evidence"):
+# - Chunk: a fixed per-forward floor, a per-token term (MoE/MLP/projections) and an attention +
+#   indexer term per (new token x visible token) pair. Fitted to the cluster's 1M needle: 969,071
+#   cold tokens in 8192-token chunks took 195 s (the model gives 195.4 s). The split between the
+#   per-token and the attention term is not measured; we put ~0.55 s on a chunk at prefix 0.
+# - Decode step: a fixed floor, a per-row term and a per-context-token term (sparse attention
+#   reads). The context term and the per-row term are guesses; the floor is fitted so that the
+#   stock loop (interval 1: one decode step per chunk) gives the cluster's measured stream rate
+#   of 0.080 of its rate before, during a cold 500K prefill beside two 300K streams.
+CHUNK_FIXED_US = 20_000          # per extend forward
+CHUNK_TOKEN_NS = 65_000          # per prompt token of the pass, nanoseconds
+CHUNK_PAIR_PS = 277              # per (new token x visible token) pair, picoseconds
+STEP_FIXED_US = 60_000           # per decode forward
+STEP_ROW_US = 3_000              # per decode row
+STEP_CTX_PS = 52_000             # per context token of the decode rows, picoseconds
+
+
+def chunk_cost_us(extend_len: int, prefix_len: int) -> int:
+    """Modelled time of one request's extend of `extend_len` tokens after `prefix_len` cached."""
+    if extend_len <= 0:
+        return 0
+    pairs = extend_len * (prefix_len + extend_len // 2)
+    return extend_len * CHUNK_TOKEN_NS // 1000 + pairs * CHUNK_PAIR_PS // 1_000_000
+
+
+def pass_cost_us(extend_lens, prefix_lens) -> int:
+    """Modelled time of an extend pass (one forward over every request of the batch)."""
+    return CHUNK_FIXED_US + sum(chunk_cost_us(e, p) for e, p in zip(extend_lens, prefix_lens))
+
+
+def step_cost_us(rows: int, context_tokens: int) -> int:
+    """Modelled time of one decode step of `rows` rows holding `context_tokens` tokens in all."""
+    return STEP_FIXED_US + rows * STEP_ROW_US + context_tokens * STEP_CTX_PS // 1_000_000
+
+
+def yield_steps(pct: int, pass_us: int, step_us: int, interval: int) -> int:
+    """Decode steps after a non-final chunk: worth pct/(100-pct) of the pass, in [interval, 128]."""
+    if not 1 <= pct <= 99:
+        raise ValueError(f"{KEY}={pct}: out of range 1..99")
+    want = -(-pct * pass_us // ((100 - pct) * max(step_us, 1)))   # ceil, integers only
+    return max(min(want, MAX_STEPS), interval, 1)
+
+
+# --- Per-scheduler state ---------------------------------------------------------------------
+# Kept on the Scheduler instance (two schedulers in one process, as in the tests, never share it).
+_STATE = "_dsv41_decode_yield"
+
+
+class _State:
+    __slots__ = ("cand_req", "cand_cost", "req", "left", "log")
+
+    def __init__(self):
+        self.cand_req = None      # chunked request of the pass the engine just armed for
+        self.cand_cost = 0        # that pass's modelled cost
+        self.req = None           # armed: the chunked request whose next chunk waits
+        self.left = 0             # armed: decode steps still owed before that chunk
+        self.log = None           # per-prompt receipt: [req, chunks, planned, run, early_ends]
+
+
+def _state(scheduler) -> _State:
+    st = scheduler.__dict__.get(_STATE)
+    if st is None:
+        st = scheduler.__dict__[_STATE] = _State()
+    return st
+
+
+def decisions(scheduler) -> dict:
+    """Inspection for tests and the sim: what the yield holds for this scheduler now."""
+    st = scheduler.__dict__.get(_STATE)
+    if st is None:
+        return {"armed": False, "left": 0}
+    return {"armed": st.req is not None, "left": st.left,
+            "rid": getattr(st.req, "rid", None)}
+
+
+def _flush_log(st: _State) -> None:
+    if st.log is None:
+        return
+    req, chunks, planned, run, early = st.log
+    st.log = None
+    receipts.line(NAME, "rid=%s left chunked prefill: %d chunks yielded, %d decode steps "
+                  "planned, %d run, %d ended early", req.rid, chunks, planned, run, early)
+
+
+def _unsupported(scheduler) -> str | None:
+    if scheduler.require_mlp_sync:
+        return ("DP attention (require_mlp_sync): the engine keeps the interval in step across "
+                "DP ranks and their rows differ; stock interval kept")
+    if scheduler.dllm_config is not None:
+        return "dLLM scheduler: no _should_defer_prefill path; stock behaviour kept"
+    from sglang.srt.runtime_context import get_parallel
+
+    if get_parallel().pp_size > 1:
+        return "pipeline parallelism: the chunked prompt spans micro-batches; stock interval kept"
+    return None
+
+
+def install(ctx) -> str:
+    pct = ctx.value(KEY)
+    if pct is None or not 1 <= pct <= 99:   # keys.py refuses these at parse time already
+        raise ValueError(f"{KEY}={pct!r}: expected 1..99")
+    counters = ctx.counters
+
+    def arm_prefill_decode_interval(original, self, batch, *args, **kwargs):
+        out = original(self, batch, *args, **kwargs)
+        chunked = self.chunked_req
+        st = self.__dict__.get(_STATE)
+        if st is not None and st.log is not None and st.log[0] is not chunked:
+            _flush_log(st)   # the prompt that yielded left chunked prefill (last chunk, abort)
+        if (chunked is None or batch is None or not batch.forward_mode.is_extend()
+                or chunked not in batch.reqs):
+            return out
+        reason = _unsupported(self)
+        if reason is not None:
+            ctx.fallback(reason)
+            return out
+        st = _state(self)
+        st.cand_req = chunked
+        st.cand_cost = pass_cost_us(batch.extend_lens, batch.prefix_lens)
+        return out
+
+    def get_next_batch_to_run(original, self, *args, **kwargs):
+        plan = original(self, *args, **kwargs)
+        st = self.__dict__.get(_STATE)
+        if st is None or st.cand_req is None:
+            return plan
+        req, cost = st.cand_req, st.cand_cost
+        st.cand_req, st.cand_cost = None, 0
+        batch = plan.batch_to_run
+        if batch is None or req is not self.chunked_req or req not in batch.reqs:
+            return plan   # the engine did not end up running that chunk this step
+        rows = list(plan.running_batch.reqs)
+        if batch.decoding_reqs:
+            rows.extend(batch.decoding_reqs)
+        if len(rows) < max(1, self.prefill_decode_interval_min_bs):
+            counters["lone_chunks"] += 1
+            return plan
+        step = step_cost_us(len(rows), sum(r.seqlen for r in rows))
+        steps = yield_steps(pct, cost, step, self.prefill_decode_interval)
+        st.req, st.left = req, steps
+        if st.log is None or st.log[0] is not req:
+            _flush_log(st)
+            st.log = [req, 0, 0, 0, 0]
+        st.log[1] += 1
+        st.log[2] += steps
+        counters["chunks_yielded"] += 1
+        counters["steps_planned"] += steps
+        return plan
+
+    def should_defer_prefill(original, self, running_batch, *args, **kwargs):
+        st = self.__dict__.get(_STATE)
+        if st is None or st.req is None:
+            return original(self, running_batch, *args, **kwargs)
+        if st.req is not self.chunked_req:
+            early = "ended_early_chunked_req_gone"
+        elif running_batch.batch_size() < max(1, self.prefill_decode_interval_min_bs):
+            early = "ended_early_streams_finished"
+        else:
+            original(self, running_batch, *args, **kwargs)   # the stock counter runs alongside
+            st.left -= 1
+            if st.left <= 0:
+                st.req, st.left = None, 0
+            counters["steps_deferred"] += 1
+            if st.log is not None:
+                st.log[3] += 1
+            return True
+        counters[early] += 1
+        if st.log is not None:
+            st.log[4] += 1
+        st.req, st.left = None, 0
+        return original(self, running_batch, *args, **kwargs)
+
+    ctx.around("Scheduler._arm_prefill_decode_interval", arm_prefill_decode_interval)
+    ctx.around("Scheduler.get_next_batch_to_run", get_next_batch_to_run)
+    ctx.around("Scheduler._should_defer_prefill", should_defer_prefill)
+    return (f"{KEY}={pct}: after a non-final chunk with decode rows running, the next chunk waits "
+            f"ceil({pct}/{100 - pct} x chunk cost / decode step cost) decode steps "
+            f"(>= --prefill-decode-interval, <= {MAX_STEPS}); integer cost model, no clock")

@@ -1,0 +1,401 @@
+"""decode yield on the engine's real Scheduler step (in-process).
+
+Every scheduling decision below is made by the pinned engine's own
+`Scheduler.get_next_batch_to_run`, which calls its own `_should_defer_prefill` and
+`_arm_prefill_decode_interval`, builds the real `PrefillAdder`, `ScheduleBatch` and `Req` objects
+and allocates from the real UnifiedRadixCache (FULL+SWA) and pools (adapter/cpu_engine.py). The
+adapter is installed through the production installer (tests/conftest.py `install_adapters`).
+
+The Scheduler is built by adapter/sims/decode_yield.py `build_scheduler` with object.__new__; its
+docstring lists every attribute set and why. In short: the interval / chunked-prefill state that
+init_chunked_prefill would set (chunked_req, prefill_decode_interval, its counter and min_bs,
+chunk size, budgets); the real cache and pools; real collaborators built without a model
+(SchedulePolicy, NewTokenRatioTracker, BeamCoordinator, SchedulerDPAttnAdapter,
+NgramEmbeddingManager, GrammarManager with an empty queue, SchedulerLoadInquirer); every feature
+switch the step reads, off (hicache, lmcache, hisparse, LoRA, priority, overlap, DP attention,
+dLLM, delayers); and stand-ins only for what needs a GPU model or another process:
+model_config (vocab size and two flags), tp_worker.model_runner (attn_backend,
+prefill_aware_swa) and the tokenizer channel that abort outputs are sent on.
+
+The forward pass cannot run here: `Loop` gives each batch its modelled cost and commits one
+token per row the way the engine's result processor does (checkpoint / release of the KV).
+"""
+from __future__ import annotations
+
+import ast
+import pathlib
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+from adapter import decode_yield as dy
+from adapter import receipts
+from adapter.sims import decode_yield as sim
+
+CHUNK = 8192
+PROMPT = 5 * CHUNK + 1000          # five full chunks and a short final one
+KEY = "DSV41_DECODE_YIELD"
+
+
+def _scheduler(**kw):
+    kw.setdefault("full_tokens", 98_304)
+    kw.setdefault("swa_tokens", 49_152)
+    return sim.build_scheduler(chunk=CHUNK, req_slots=8, **kw)
+
+
+def scenario(*, interval=1, streams=2, stream_len=1024, stream_new=1 << 20, prompt=PROMPT,
+             extra=(), min_bs=0, tp_rank=0, until=None, on_step=None):
+    """Streams decoding, then a cold chunked prompt "p" (and `extra` requests behind it).
+
+    Returns (loop, trace from the prompt's arrival, stream requests, prompt request)."""
+    loop = sim.Loop(_scheduler(interval=interval, min_bs=min_bs, tp_rank=tp_rank))
+    rows = [sim.make_req(f"s{i}", stream_len, max_new_tokens=stream_new, salt=i + 1)
+            for i in range(streams)]
+    for r in rows:
+        loop.submit(r)
+    if rows:
+        loop.run_until(lambda: all(len(r.output_ids) >= 2 for r in rows))
+    mark = len(loop.trace)
+    p = sim.make_req("p", prompt, max_new_tokens=1, salt=50)
+    loop.submit(p)
+    for r in extra:
+        loop.submit(r)
+    done = until or (lambda lp: "p" in lp.first_token_us and not lp.s.waiting_queue
+                     and lp.s.chunked_req is None)
+    for _ in range(5000):
+        if done(loop):
+            break
+        loop.step()
+        if on_step is not None:
+            on_step(loop)
+    else:
+        raise AssertionError("scenario did not finish")
+    return loop, loop.trace[mark:], rows, p
+
+
+def shape(trace):
+    return [(st.kind, st.rids, st.spans, st.deferred) for st in trace]
+
+
+def chunk_gaps(trace, rid="p"):
+    """(extend step, decode steps after it, their modelled time) for each chunk of `rid` but the last."""
+    out, cur = [], None
+    for st in trace:
+        if st.kind == "extend" and rid in st.rids:
+            if cur is not None:
+                out.append(tuple(cur))
+            cur = [st, 0, 0]
+        elif cur is not None and st.kind == "decode":
+            cur[1] += 1
+            cur[2] += st.cost_us
+    return out
+
+
+def extends(trace):
+    return [(st.rids, st.spans) for st in trace if st.kind == "extend"]
+
+
+def counters():
+    return dict(receipts.counters[dy.NAME])
+
+
+@pytest.fixture
+def yield_on(install_adapters):
+    def _on(pct):
+        state = install_adapters({KEY: str(pct)})[dy.NAME]
+        assert state.status == "installed", state.detail
+        assert state.pin_ok is True
+        return state
+    return _on
+
+
+# --- stock behaviour with the key unset -------------------------------------------------
+
+@pytest.mark.parametrize("interval", [1, 2])
+def test_stock_trace_unchanged_with_key_unset(install_adapters, interval):
+    from sglang.srt.managers.scheduler import Scheduler
+
+    status = install_adapters({})
+    assert status[dy.NAME].status == "off"
+    for row in ("get_next_batch_to_run", "_should_defer_prefill", "_arm_prefill_decode_interval"):
+        assert not hasattr(Scheduler.__dict__[row], "__wrapped__") or \
+            Scheduler.__dict__[row].__module__ != "adapter.decode_yield"
+    loop, trace, _, _ = scenario(interval=interval)
+    gaps = chunk_gaps(trace)
+    assert len(gaps) == 5
+    # the engine's own cadence: exactly `interval` decode steps between two chunks
+    assert [n for _, n, _ in gaps] == [interval] * 5
+    assert dy.decisions(loop.s)["armed"] is False
+    # the same run after an install/undo cycle is identical: the undo restores the stock methods
+    install_adapters({KEY: "33"})
+    install_adapters({})
+    _, again, _, _ = scenario(interval=interval)
+    assert shape(again) == shape(trace)
+
+
+# --- shares ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("pct", [33, 50])
+def test_share_sets_decode_steps_between_chunks(yield_on, pct):
+    yield_on(pct)
+    before = counters()
+    loop, trace, streams, p = scenario()
+    gaps = chunk_gaps(trace)
+    assert len(gaps) == 5
+    for ext, steps, decode_us in gaps:
+        rows, ctx = ext.rows
+        assert rows == 2
+        expected = dy.yield_steps(pct, ext.cost_us, dy.step_cost_us(rows, ctx), 1)
+        assert steps == expected
+        assert 1 < steps < dy.MAX_STEPS
+        # the streams got at least pct/(100-pct) of the chunk's modelled time...
+        assert decode_us * (100 - pct) >= pct * ext.cost_us
+        # ...and one step fewer would not have been enough
+        assert (steps - 1) * dy.step_cost_us(rows, ctx) * (100 - pct) < pct * ext.cost_us
+    after = counters()
+    assert after.get("chunks_yielded", 0) - before.get("chunks_yielded", 0) == 5
+    assert after.get("steps_deferred", 0) - before.get("steps_deferred", 0) == \
+        sum(n for _, n, _ in gaps)
+    assert dy.decisions(loop.s)["armed"] is False
+    assert len(p.output_ids) == 1 and p.finished()
+
+
+def test_share_50_yields_more_than_33(yield_on):
+    yield_on(33)
+    _, t33, _, _ = scenario()
+    yield_on(50)
+    _, t50, _, _ = scenario()
+    n33 = [n for _, n, _ in chunk_gaps(t33)]
+    n50 = [n for _, n, _ in chunk_gaps(t50)]
+    assert all(b > a for a, b in zip(n33, n50))
+
+
+def test_chunk_identity_same_chunks_same_order_only_delayed(install_adapters, yield_on):
+    short = [sim.make_req("q", 300, max_new_tokens=3, salt=60)]
+    install_adapters({})
+    _, stock, _, _ = scenario(extra=short)
+    yield_on(33)
+    short = [sim.make_req("q", 300, max_new_tokens=3, salt=60)]
+    _, with_yield, _, _ = scenario(extra=short)
+    # the same prefill passes, same requests, same spans, same order
+    assert extends(with_yield) == extends(stock)
+    # six chunks of p; q rides with the short final chunk
+    assert len(extends(stock)) == 6 and extends(stock)[-1][0] == ("p", "q")
+    # every decode batch holds the same rows as stock's decode batches at that point
+    def decode_rows(trace):
+        out, seen = [], 0
+        for st in trace:
+            if st.kind == "extend":
+                seen += 1
+            elif st.kind == "decode":
+                out.append((seen, st.rids))
+        return sorted(set(out))
+    assert decode_rows(with_yield) == decode_rows(stock)
+    # only delayed: more decode steps between the chunks, never fewer
+    assert all(y >= s for (_, s, _), (_, y, _) in zip(chunk_gaps(stock), chunk_gaps(with_yield)))
+    assert sum(st.kind == "decode" for st in with_yield) > sum(st.kind == "decode" for st in stock)
+
+
+# --- stock behaviour kept: lone prompt, final chunk, single pass -----------------------------
+
+def test_lone_prompt_keeps_stock_behaviour(install_adapters, yield_on):
+    install_adapters({})
+    _, stock, _, _ = scenario(streams=0)
+    yield_on(33)
+    before = counters()
+    loop, with_yield, _, _ = scenario(streams=0)
+    assert shape(with_yield) == shape(stock)
+    # the stock interval with min_bs 0 idles one step between chunks; kept as is
+    assert [st.kind for st in stock[:3]] == ["extend", "idle", "extend"]
+    assert counters().get("chunks_yielded", 0) == before.get("chunks_yielded", 0)
+    assert counters().get("lone_chunks", 0) - before.get("lone_chunks", 0) == 5
+
+
+def test_final_chunk_and_single_pass_keep_stock_behaviour(install_adapters, yield_on):
+    """After the final chunk, and around a prompt that fits one pass, the trace is stock's."""
+    def run():
+        q = sim.make_req("q", 2000, max_new_tokens=4, salt=61)      # one pass: never chunked
+        r = sim.make_req("r", 500, max_new_tokens=4, salt=62)
+        # a final chunk that fills the pass, so q and r come in their own (single) pass
+        return scenario(extra=[q, r], prompt=6 * CHUNK,
+                        until=lambda lp: all(x.finished() for x in (q, r)))
+
+    install_adapters({})
+    _, stock, _, _ = run()
+    yield_on(33)
+    loop, with_yield, _, _ = run()
+
+    def after_final(trace):
+        final = max(i for i, st in enumerate(trace) if st.kind == "extend" and "p" in st.rids)
+        return shape(trace[final:])
+    tail = after_final(with_yield)
+    assert tail == after_final(stock)
+    assert tail[0][0] == "extend" and tail[1] == ("decode", ("s0", "s1"), (), True)
+    single = [i for i, (k, rids, _, _) in enumerate(tail) if k == "extend" and "q" in rids]
+    assert len(single) == 1 and tail[single[0]][1] == ("q", "r")
+    assert tail[single[0] + 1][0] == "decode" and tail[single[0] + 1][3] is True
+    assert dy.decisions(loop.s)["armed"] is False
+
+
+# --- ends early ------------------------------------------------------------------------------
+
+def test_abort_mid_prefill_ends_the_yield(yield_on):
+    yield_on(50)
+    before = counters()
+    seen = {}
+
+    def abort_in_second_deferral(loop):
+        chunks = sum(st.kind == "extend" and "p" in st.rids for st in loop.trace)
+        state = dy.decisions(loop.s)
+        if chunks == 2 and state["armed"] and state["left"] <= 4 and "at" not in seen:
+            seen["at"], seen["left"] = len(loop.trace), state["left"]
+            loop.abort("p")                      # the engine's own abort_request
+
+    q = sim.make_req("q", 300, max_new_tokens=2, salt=63)
+    loop, trace, streams, p = scenario(extra=[q], on_step=abort_in_second_deferral,
+                                       until=lambda lp: "q" in lp.first_token_us)
+    assert seen and seen["left"] > 0
+    after_abort = loop.trace[seen["at"]:]
+    # the step right after the abort request: process_pending_chunked_abort drops the chunked
+    # request, the yield ends at once and q is admitted instead of the owed decode steps
+    assert after_abort[0].kind == "extend" and after_abort[0].rids == ("q",)
+    assert p.finished() and loop.s.chunked_req is None
+    assert [st for st in loop.trace if st.kind == "extend" and "p" in st.rids][-1].spans[0][1] \
+        == CHUNK
+    assert any(rid == "p" for _, rid in loop.s.ipc_channels.send_to_tokenizer.sent)
+    assert dy.decisions(loop.s)["armed"] is False
+    after = counters()
+    assert after.get("ended_early_chunked_req_gone", 0) - \
+        before.get("ended_early_chunked_req_gone", 0) == 1
+    # p's KV went back: only the streams and q hold request slots now
+    assert not p.kv.holds_kv
+
+
+def test_streams_finishing_end_the_yield(yield_on):
+    yield_on(50)
+    before = counters()
+    # the streams' last tokens land in the middle of the first deferral
+    loop, trace, streams, p = scenario(stream_new=6)
+    gaps = chunk_gaps(trace)
+    assert gaps[0][1] < dy.yield_steps(50, gaps[0][0].cost_us,
+                                       dy.step_cost_us(*gaps[0][0].rows), 1)
+    assert all(r.finished() for r in streams)
+    # no decode rows left: the next chunk follows at once, the later chunks are lone chunks
+    first_gap_end = trace.index(gaps[1][0])
+    assert trace[first_gap_end - 1].kind in ("decode", "idle")
+    after = counters()
+    assert after.get("ended_early_streams_finished", 0) - \
+        before.get("ended_early_streams_finished", 0) == 1
+    assert after.get("lone_chunks", 0) - before.get("lone_chunks", 0) == 4
+
+
+# --- rank invariance -------------------------------------------------------------------------
+
+def test_two_ranks_fed_the_same_state_decide_alike(yield_on, monkeypatch):
+    """Rank 0 on the real clock; rank 3 with every clock of the time module skewed and slowed.
+
+    Same inputs -> the same batches, the same defer answers, the same steps per chunk."""
+    yield_on(33)
+    _, rank0, _, _ = scenario(tp_rank=0)
+    base = time.time()
+    real = {name: getattr(time, name) for name in
+            ("time", "monotonic", "perf_counter", "time_ns", "monotonic_ns", "perf_counter_ns")}
+    calls = {"n": 0}
+
+    def skewed(name):
+        def clock():
+            calls["n"] += 1
+            value = real[name]()
+            return value * 3 + (10**15 if name.endswith("_ns") else 10**6)
+        return clock
+    for name in real:
+        monkeypatch.setattr(time, name, skewed(name))
+    _, rank3, _, _ = scenario(tp_rank=3)
+    monkeypatch.undo()
+    assert time.time() - base < 10**5
+    assert shape(rank3) == shape(rank0)
+    assert [n for _, n, _ in chunk_gaps(rank3)] == [n for _, n, _ in chunk_gaps(rank0)]
+    assert calls["n"] > 0          # the engine itself read the (skewed) clock; the decisions did not
+
+
+def test_adapter_reads_no_clock_and_nothing_rank_local():
+    """The adapter module imports nothing that could differ per rank (clock, randomness, env)."""
+    tree = ast.parse(pathlib.Path(dy.__file__).read_text())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add(node.module)
+    assert imported <= {"__future__", "adapter", "sglang.srt.runtime_context"}, imported
+    names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    assert not names & {"tp_rank", "attn_tp_rank", "dp_rank", "gpu_id", "environ"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(pct=hs.integers(1, 99), pass_us=hs.integers(0, 10**8), step_us=hs.integers(1, 10**7),
+       interval=hs.integers(0, 200))
+def test_yield_steps_bounds_and_minimality(pct, pass_us, step_us, interval):
+    n = dy.yield_steps(pct, pass_us, step_us, interval)
+    assert n == dy.yield_steps(pct, pass_us, step_us, interval)
+    assert n >= max(interval, 1)
+    assert n <= max(interval, dy.MAX_STEPS)
+    if max(interval, 1) < n < dy.MAX_STEPS:
+        assert n * step_us * (100 - pct) >= pct * pass_us > (n - 1) * step_us * (100 - pct)
+
+
+def test_cost_model_is_integer_and_monotone():
+    assert isinstance(dy.pass_cost_us([CHUNK], [10**5]), int)
+    assert isinstance(dy.step_cost_us(2, 600_000), int)
+    assert dy.pass_cost_us([CHUNK], [400_000]) > dy.pass_cost_us([CHUNK], [0])
+    assert dy.pass_cost_us([CHUNK], [0]) > dy.pass_cost_us([CHUNK // 2], [0])
+    assert dy.step_cost_us(4, 600_000) > dy.step_cost_us(2, 600_000) > dy.step_cost_us(2, 1000)
+    # the calibration targets the constants were fitted to (see the comment in adapter/decode_yield.py)
+    needle, pos = 0, 0
+    while pos < 969_071:
+        n = min(CHUNK, 969_071 - pos)
+        needle += dy.pass_cost_us([n], [pos])
+        pos += n
+    assert 190e6 < needle < 200e6
+    for bad in (0, 100, -1):
+        with pytest.raises(ValueError):
+            dy.yield_steps(bad, 1, 1, 1)
+
+
+# --- configurations where the yield does not apply ------------------------------------------
+
+def test_dp_attention_falls_back_to_the_stock_interval(yield_on):
+    """With require_mlp_sync the engine's _arm_prefill_decode_interval keeps DP ranks in step;
+    the yield stays out (fallback line) and the engine's own arming still happens."""
+    yield_on(33)
+    loop = sim.Loop(_scheduler(interval=1))
+    for i in range(2):
+        loop.submit(sim.make_req(f"s{i}", 1024, max_new_tokens=1 << 20, salt=i + 1))
+    loop.run_until(lambda: all(len(r.output_ids) >= 2 for r in loop.s.running_batch.reqs)
+                   and loop.s.running_batch.batch_size() == 2)
+    loop.submit(sim.make_req("p", PROMPT, max_new_tokens=1, salt=50))
+    loop.step()                                           # first chunk, armed as usual
+    assert dy.decisions(loop.s)["armed"] is True
+    batch = loop.s.last_batch
+    before = counters()
+    loop.s.__dict__.pop("_dsv41_decode_yield")
+    loop.s.require_mlp_sync = True
+    batch.is_extend_in_batch = True                       # what the DP gather would have set
+    loop.s._prefill_decode_interval_remaining = 0
+    loop.s._arm_prefill_decode_interval(batch)
+    assert loop.s._prefill_decode_interval_remaining == 1  # the engine armed its interval
+    assert dy.decisions(loop.s)["armed"] is False
+    assert "_dsv41_decode_yield" not in loop.s.__dict__ or \
+        loop.s.__dict__["_dsv41_decode_yield"].cand_req is None
+    reasons = {k for k in counters() if k.startswith("fallback:DP attention")}
+    assert reasons and counters()[reasons.pop()] > before.get(next(iter(reasons), ""), 0)
+
+
+def test_min_bs_is_honoured(yield_on):
+    """--prefill-decode-interval-min-bs 3 with two streams: the engine admits prefill every
+    round below it, and the yield does not arm either."""
+    yield_on(33)
+    _, trace, _, _ = scenario(min_bs=3)
+    assert [n for _, n, _ in chunk_gaps(trace)] == [0] * 5
