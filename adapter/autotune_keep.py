@@ -301,13 +301,21 @@ def _drop_hook(original, cache_path, group, env, *args, **kwargs):
     counters = receipts.counters[NAME]
     if path.is_file():
         counters["kept"] += 1
-        receipts.line(NAME, "kept %s: loadable on every rank, sidecar matches this launch",
-                      path.name)
+        receipts.line(NAME, "kept %s (%s tactics): loadable on every rank, sidecar matches "
+                      "this launch", path.name, _entry_count(path))
     elif a.loadable:
         counters["dropped:peer"] += 1
         receipts.line(NAME, "dropped %s: another rank cannot load its cache; every rank re-tunes",
                       path.name)
     return result
+
+
+def _entry_count(path: Path) -> str:
+    try:
+        data = json.loads(path.read_text())
+        return str(sum(1 for k in data if k not in (_META_KEY, _RECORDS_KEY, _GENERATION_KEY)))
+    except (OSError, ValueError, TypeError):
+        return "?"
 
 
 def _current_stamp() -> dict:

@@ -218,6 +218,7 @@ def summarize(boots: list[Boot], runs: list[list[dict]]) -> dict:
                          "errors": errors})
         previous = tactics
     return {"dropped_boots": sum(b["dropped"] for b in per_boot),
+            "dropped_on": [b["boot"] for b in per_boot if b["dropped"]],
             "retuned_rank_boots": sum(a == "tune" for b in per_boot for a in b["actions"]),
             "tactic_drift_boots": sum(b["tactics_changed"] for b in per_boot),
             "disagreeing_boots": sum(not b["ranks_agree"] for b in per_boot),
@@ -276,8 +277,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     result = simulate(args.ranks)
     if args.json:
-        brief = {k: v for k, v in result.items()}
-        print(json.dumps(brief, indent=2))
+        print(json.dumps(result, indent=2))
     else:
         print(f"{result['boots']} boots x {result['ranks']} ranks: {', '.join(result['sequence'])}")
         for mode in ("stock", "keep"):
