@@ -104,7 +104,8 @@ def _on_import(module) -> None:
 
 def _advance() -> None:
     for group in list(_state.pending):
-        if group in _state.busy:
+        # A nested import (below) may have installed this group while we looped.
+        if group not in _state.pending or group in _state.busy:
             continue
         modules = {m for a in group for m in modules_of(a)}
         if not modules & _state.ready:
