@@ -140,7 +140,8 @@ def _checkpoint_into_tree(original, self, req, *args, **kwargs):
     result = original(self, req, *args, **kwargs)
     stats.hooked += 1
     new_id = req.last_node
-    if old_id is not None and new_id is not None and new_id != old_id:
+    if (old_id is not None and new_id is not None and new_id != old_id
+            and not self.tree_core.is_root(old_id)):
         moved, kept = move_passed_checkpoint(self, old_id, new_id)
         stats.passed += 1
         stats.moved += moved

@@ -1,0 +1,255 @@
+"""swa_thin on the real UnifiedRadixCache (FULL + SWA, page 256, window 128 as DSV4) with the real
+ReqToTokenPool / SWAKVPool / SWATokenToKVPoolAllocator on CPU, driven by real `Req`s through the
+engine's own cache entry points (adapter/sims/swa_thin.py Driver)."""
+from __future__ import annotations
+
+import logging
+from array import array
+
+import pytest
+
+from adapter.sims.swa_thin import Driver, Tokens, session
+
+THIN = {"DSV41_SWA_THIN": "1"}
+CHUNK = 2048          # small chunks keep the tests fast; the rule does not depend on the size
+
+
+def _build(backend="python", full_pages=400, swa_pages=48, slots=6):
+    from adapter import cpu_engine
+
+    return cpu_engine.build_swa_cache(full_tokens=256 * full_pages, swa_tokens=256 * swa_pages,
+                                      backend=backend, req_slots=slots, max_context_len=256 * 200,
+                                      chunked_prefill_size=CHUNK)
+
+
+def _swa_lru(cache):
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+    return cache.tree_core.lru_lists[ComponentType.SWA]
+
+
+def _has_swa(cache, node_id) -> bool:
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+    try:
+        node = cache.tree_core.node_by_id(node_id)
+    except KeyError:
+        return False      # an evicted leaf is deleted outright
+    return node.component_data[ComponentType.SWA].value is not None
+
+
+def _window(cache, node_id):
+    """Node ids of the checkpoint window ending at node_id (window + one page, as the engine)."""
+    from adapter.swa_thin import _window_nodes
+
+    core = cache.tree_core
+    return [n.id for n in _window_nodes(core, core.node_by_id(node_id), 128 + 256)]
+
+
+def _two_sessions(cpu):
+    """Session S (chunked prompt, decode, finish) then traffic T (same shape, other tokens)."""
+    drv = Driver(cpu, concurrency=1, chunk=CHUNK)
+    tok = Tokens()
+    s_ctx, t_ctx = array("q"), array("q")
+    drv.run([session(drv, "S", tok, s_ctx, [4 * CHUNK + 300], 300)])
+    drv.run([session(drv, "T", tok, t_ctx, [4 * CHUNK + 300], 300)])
+    by_req = {}
+    for rid, node, _ in drv.trace:
+        by_req.setdefault(rid.split("#")[0], []).append(node)
+    return drv, s_ctx, by_req
+
+
+def _evict_until_resume_point_lost(cpu, live_node):
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    evicted = 0
+    while all(_has_swa(cpu.cache, n) for n in _window(cpu.cache, live_node)):
+        r = cpu.cache.evict(EvictParams(swa_num_tokens=256))
+        assert r.swa_num_tokens_evicted > 0, "nothing left to evict"
+        evicted += r.swa_num_tokens_evicted
+        cpu.cache.sanity_check()
+    return evicted
+
+
+def test_installs_and_selects_python_core(install_adapters):
+    status = install_adapters(THIN)
+    assert status["swa_thin"].status == "installed", status["swa_thin"].detail
+    assert status["swa_thin"].pin_ok
+    # The production launch asks for the engine default (rust); thin needs the Python LRU.
+    cpu = _build(backend="rust")
+    assert type(cpu.cache.tree_core).__name__ == "UnifiedTreeCore"
+    assert cpu.cache._tree_core_backend == "python"
+
+
+def test_key_unset_leaves_the_engine_default_core(install_adapters):
+    status = install_adapters({})
+    assert status["swa_thin"].status == "off"
+    cpu = _build(backend="rust")
+    assert type(cpu.cache.tree_core).__name__ == "RustUnifiedTreeCore"
+
+
+@pytest.mark.parametrize("requested", ["python", "rust"])
+def test_moved_past_checkpoints_are_evicted_before_the_live_resume_point(install_adapters, requested):
+    install_adapters(THIN)
+    cpu = _build(backend=requested)
+    drv, s_ctx, nodes = _two_sessions(cpu)
+    live_s = nodes["S"][-1]
+    passed = [n for name in ("S", "T") for n in nodes[name][:-1]]
+    assert len(passed) == 2 * 5           # 4 chunk boundaries + the prompt end, per request
+    passed_nodes = _passed_window_nodes(cpu, nodes, ("S", "T"))
+    assert len(passed_nodes) >= 2 * 8
+    _evict_until_resume_point_lost(cpu, live_s)
+    # By the time S's live resume point loses its window, every passed checkpoint already had.
+    assert [n for n in passed_nodes if _has_swa(cpu.cache, n)] == []
+
+
+def _passed_window_nodes(cpu, nodes, names):
+    """SWA nodes of the passed checkpoints of `names`, minus those of any live resume window
+    (a prompt-end checkpoint shares nodes with the window of the turn's end, a short step away)."""
+    live = {m for name in nodes for m in _window(cpu.cache, nodes[name][-1])}
+    passed = {m for name in names for n in nodes[name][:-1] for m in _window(cpu.cache, n)}
+    return sorted(m for m in passed - live if _has_swa(cpu.cache, m))
+
+
+def test_without_thin_the_older_live_point_goes_first(install_adapters):
+    """Control on the same sequence: S's live point is older than T's passed checkpoints, so the
+    engine's LRU evicts it while T's passed checkpoints still hold SWA (what thin changes)."""
+    install_adapters({})
+    cpu = _build(backend="python")
+    drv, s_ctx, nodes = _two_sessions(cpu)
+    passed_t = _passed_window_nodes(cpu, nodes, ("T",))
+    assert passed_t
+    _evict_until_resume_point_lost(cpu, nodes["S"][-1])
+    still = [n for n in passed_t if _has_swa(cpu.cache, n)]
+    assert still == passed_t, "the engine evicts S's older live point before T's passed checkpoints"
+
+
+def test_resume_after_traffic(install_adapters):
+    """End to end on match lengths, both runs on the engine-default request (rust): evict as much
+    SWA as the passed checkpoints hold; under thin S then resumes with its whole context."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+    def resume(cpu, s_ctx):
+        m = cpu.cache.match_prefix(MatchPrefixParams(key=RadixKey(s_ctx + array("q", [7]))))
+        return m.device_prefix_len
+
+    install_adapters(THIN)
+    cpu = _build(backend="rust")
+    _, s_ctx, nodes = _two_sessions(cpu)
+    core = cpu.cache.tree_core
+    budget = sum(len(core.node_by_id(m).component_data[ComponentType.SWA].value)
+                 for m in _passed_window_nodes(cpu, nodes, ("S", "T")))
+    assert budget >= 16 * 256
+    cpu.cache.evict(EvictParams(swa_num_tokens=budget))
+    cpu.cache.sanity_check()
+    assert resume(cpu, s_ctx) == len(s_ctx) // 256 * 256
+
+    install_adapters({})
+    cpu = _build(backend="rust")
+    _, s_ctx, _ = _two_sessions(cpu)
+    cpu.cache.evict(EvictParams(swa_num_tokens=budget))
+    cpu.cache.sanity_check()
+    assert resume(cpu, s_ctx) < len(s_ctx) // 2
+
+
+def _eviction_order(cpu):
+    """Evict SWA page by page; the sequence of (first token, length) of the nodes that lost SWA."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    lru = _swa_lru(cpu.cache)
+    order = []
+    while lru.cache:
+        before = {i: (n.key.token_ids[0], len(n.key)) for i, n in lru.cache.items()}
+        cpu.cache.evict(EvictParams(swa_num_tokens=256))
+        gone = sorted(v for i, v in before.items() if i not in lru.cache)
+        assert gone, "evict made no progress"
+        order.append(tuple(gone))
+    return order
+
+
+def _scripted_order():
+    cpu = _build(backend="python")
+    _two_sessions(cpu)
+    return _eviction_order(cpu)
+
+
+def test_key_unset_keeps_the_engines_own_order(install_adapters):
+    from adapter import installer
+
+    installer.reset_for_tests()          # the engine exactly as shipped: nothing installed
+    stock = _scripted_order()
+    install_adapters({})                 # key unset through the production installer
+    unset = _scripted_order()
+    install_adapters(THIN)
+    thin = _scripted_order()
+    assert unset == stock
+    assert thin != stock                 # the same script under thin evicts in another order
+    assert sorted(thin) == sorted(stock) # ... of the same nodes: only the order differs
+
+
+def test_receipt_line_every_1024_inserts(install_adapters, caplog, monkeypatch):
+    from adapter import swa_thin
+
+    install_adapters(THIN)
+    assert swa_thin.RECEIPT_EVERY == 1024
+    monkeypatch.setattr(swa_thin, "RECEIPT_EVERY", 4)
+    swa_thin.reset_stats()
+    cpu = _build()
+    with caplog.at_level(logging.INFO, logger="sglang.dsv41"):
+        _two_sessions(cpu)
+    lines = [r.getMessage() for r in caplog.records if "hooked inserts" in r.getMessage()]
+    assert len(lines) == swa_thin.stats.hooked // 4 == 3
+    assert "moved to the evict-first end" in lines[0] and "kept" in lines[0]
+    assert swa_thin.stats.passed == 10 and swa_thin.stats.moved > 0
+
+
+def test_only_list_order_changes(install_adapters, monkeypatch):
+    """Around every move: same nodes, sizes, lock refs, values; the moved nodes end at the tail."""
+    from adapter import swa_thin
+
+    install_adapters(THIN)
+    real = swa_thin.move_passed_checkpoint
+    seen = []
+
+    def spy(cache, old_id, new_id):
+        window = set(_window(cache, old_id))
+        before = _snapshot(cache)
+        moved, kept = real(cache, old_id, new_id)
+        after = _snapshot(cache)
+        assert before[0] == after[0]           # nodes, values, lock refs, sizes, LRU membership
+        if moved:
+            tail = after[1][-moved:]
+            assert set(tail) <= window         # the passed checkpoint's nodes, at the tail ...
+            assert [x for x in before[1] if x not in tail] == after[1][:-moved]  # ... rest as before
+        else:
+            assert before[1] == after[1]
+        seen.append(moved)
+        return moved, kept
+
+    monkeypatch.setattr(swa_thin, "move_passed_checkpoint", spy)
+    cpu = _build()
+    _two_sessions(cpu)
+    assert sum(seen) > 0
+
+
+def _snapshot(cache):
+    """(state that thin must not change, SWA LRU order MRU..LRU)."""
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+    core = cache.tree_core
+    nodes = []
+    for node in core._collect_all_nodes():
+        cds = tuple((ct, cd.lock_ref, None if cd.value is None else [int(v) for v in cd.value])
+                    for ct, cd in enumerate(node.component_data) if cd is not None)
+        nodes.append((node.id, None if node.parent is None else node.parent.id, len(node.key), cds))
+    sizes = tuple((ct, core.component_evictable_size(ct), core.component_protected_size(ct))
+                  for ct in (ComponentType.FULL, ComponentType.SWA))
+    lru = _swa_lru(cache)
+    order, x = [], lru.head.lru_next[lru._pt]
+    while x is not lru.tail:
+        if x.id in lru.cache:
+            order.append(x.id)
+        x = x.lru_next[lru._pt]
+    return (sorted(nodes), sizes, sorted(lru.cache)), order
