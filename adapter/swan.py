@@ -405,7 +405,8 @@ class Kernel:
         stock_meta = AttentionMetadata(page_size=SPLIT_PAGE_TOKENS,
                                        page_stride_bytes=SPLIT_PAGE_STRIDE, **common)
         device = kwargs["q"].device
-        if not torch.cuda.is_current_stream_capturing():
+        # As the stock functional path does: refresh calibration outside graph capture.
+        if not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
             _calibration.refresh_store()
         try:
             stock_plan = _prepared.resolve_execution(stock_meta, device, "default", False, 0)
