@@ -162,8 +162,8 @@ def install(ctx) -> str:
         st = self.__dict__.get(_STATE)
         if st is not None and st.log is not None and st.log[0] is not chunked:
             _flush_log(st)   # the prompt that yielded left chunked prefill (last chunk, abort)
-        if (chunked is None or batch is None or not batch.forward_mode.is_extend()
-                or chunked not in batch.reqs):
+        if (chunked is None or batch is None or chunked not in batch.reqs
+                or not batch.forward_mode.is_extend()):
             return out
         reason = _unsupported(self)
         if reason is not None:

@@ -311,7 +311,7 @@ class Loop:
 
 # --- The A/B --------------------------------------------------------------------------------
 
-def _one_run(share: Optional[int], *, stream_ctx: int, prompt: int, chunk: int, interval: int,
+def _one_run(*, stream_ctx: int, prompt: int, chunk: int, interval: int,
              backend: str) -> dict:
     full = 2 * (stream_ctx + 4 * PAGE) + prompt + 8 * chunk
     s = build_scheduler(chunk=chunk, interval=interval, full_tokens=full, swa_tokens=16 * chunk,
@@ -364,20 +364,19 @@ def run_ab(share: Optional[int], *, stream_ctx: int = STREAM_CONTEXT, prompt: in
     kw = dict(stream_ctx=stream_ctx, prompt=prompt, chunk=chunk, interval=interval,
               backend=backend)
     installer.reset_for_tests()
-    stock = _one_run(None, **kw)
-    if share is None:
-        with_yield = stock
-    else:
-        installer.set_mode("report")
-        installer.bootstrap(environ={model.KEY: str(share)})
-        state = installer.status()[model.NAME]
-        if state.status != "installed":
-            raise RuntimeError(f"decode_yield did not install: {state.detail}")
-        try:
-            with_yield = _one_run(share, **kw)
-        finally:
-            installer.reset_for_tests()
-            installer.set_mode("boot")
+    stock = _one_run(**kw)
+    # the second run goes through the production installer; with the key unset it installs nothing
+    installer.set_mode("report")
+    installer.bootstrap(environ={} if share is None else {model.KEY: str(share)})
+    state = installer.status()[model.NAME]
+    try:
+        if state.status != ("off" if share is None else "installed"):
+            raise RuntimeError(f"decode_yield: unexpected install state {state.status}: "
+                               f"{state.detail}")
+        with_yield = _one_run(**kw)
+    finally:
+        installer.reset_for_tests()
+        installer.set_mode("boot")
     return {"share": share, "cadence_stock": round(stock["cadence"], 3),
             "cadence_yield": round(with_yield["cadence"], 3),
             "first_token_ratio": round(with_yield["ttft_us"] / stock["ttft_us"], 3),
