@@ -253,3 +253,18 @@ def _snapshot(cache):
             order.append(x.id)
         x = x.lru_next[lru._pt]
     return (sorted(nodes), sizes, sorted(lru.cache)), order
+
+
+def test_production_path_in_a_child():
+    """sitecustomize arms the installer from the environment, as in the image: a cache the
+    engine would build on the Rust core gets the Python core and thin's receipt lines."""
+    from conftest import run_python
+
+    code = ("from adapter import cpu_engine\n"
+            "cpu = cpu_engine.build_swa_cache(full_tokens=256 * 64, swa_tokens=256 * 16, backend='rust')\n"
+            "print('CORE', type(cpu.cache.tree_core).__name__)\n")
+    on = run_python(code, env=THIN)
+    assert on.returncode == 0, on.stderr[-2000:]
+    assert "CORE UnifiedTreeCore" in on.stdout
+    assert "swa_thin installed" in on.stderr and "tree core: python instead of rust" in on.stderr
+    # (key unset: test_key_unset_leaves_the_engine_default_core, in process)
