@@ -286,6 +286,9 @@ def route(f: CallFacts, caps: ModuleCaps) -> Optional[str]:
         return f"{heads} heads (decode serves 1..{MAX_HEADS})"
     if kernel_heads(heads) not in caps.heads:
         return f"{heads} heads: module built without the {kernel_heads(heads)}-head kernel"
+    tensors = [getattr(f, field.name) for field in dataclasses.fields(f)]
+    if any(isinstance(t, TensorFacts) and t.device != "cuda" for t in tensors):
+        return "call mixes CUDA and non-CUDA tensors"
     k = f.k_cache
     if k.dtype not in ("uint8", "float8_e4m3fn"):
         return f"k_cache dtype {k.dtype} (fp8/uint8 pages only)"
@@ -296,8 +299,8 @@ def route(f: CallFacts, caps: ModuleCaps) -> Optional[str]:
     if k.stride[0] != PAGE_STRIDE or k.stride[1] != ROW_BYTES or k.stride[3] != 1:
         return (f"k_cache strides {list(k.stride)} (needs stride(0)={PAGE_STRIDE}, "
                 f"stride(1)={ROW_BYTES}, stride(3)=1)")
-    if not k.aligned16 or k.device != "cuda":
-        return "k_cache not a 16-byte aligned CUDA pool"
+    if not k.aligned16:
+        return "k_cache not 16-byte aligned"
     reason = _index_reason("indices", f.indices, rows)
     if reason:
         return reason

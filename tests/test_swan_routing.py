@@ -116,6 +116,12 @@ def test_reasons_are_distinct_and_a_cpu_call_is_not_served():
     assert cpu == "tensors on cpu, not CUDA"
 
 
+def test_mixed_devices_fall_back():
+    facts = on_sm121(swan.describe_call((), engine_call(), "flashinfer"))
+    facts = dataclasses.replace(facts, extra_indices=dataclasses.replace(facts.extra_indices, device="cpu"))
+    assert swan.route(facts, swan.ModuleCaps()) == "call mixes CUDA and non-CUDA tensors"
+
+
 def test_tactic_must_match_the_stock_plan():
     stock = {"variant": 0, "implementation": "ordinary", "numeric_route": "fp8", "cpb": 2,
              "active_splits": 5, "scratch_split_stride": 10, "scratch_heads": 16,
