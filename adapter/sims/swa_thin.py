@@ -34,7 +34,7 @@ DECODE_BLOCK = 128          # SGLANG_SWA_EVICTION_INTERVAL default: one SWA slid
 # --- pool figures -------------------------------------------------------------------------
 # SPEC figures (cluster): SWA slots and full-pool tokens per --swa-prefix-tails.
 SPEC_SWA = {128: 84_480, 384: 182_784}
-SPEC_FULL = {128: (4_997_632, 5_101_824), 256: (4_400_000,), 384: (3_444_224,)}
+SPEC_FULL = {128: ("4,997,632", "5,101,824"), 256: ("~4.4M",), 384: ("3,444,224",)}
 # Launch values that make the engine's own _resolve_swa_cap_tokens reproduce SPEC's 84,480 SWA
 # slots at 128 tails exactly (inferred, not read off the cluster): 35 running requests,
 # 8192-token chunks, no overlap schedule, no engine-level speculative algorithm.
@@ -91,7 +91,7 @@ def swa_slots(tails: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def pool_table(full_at_128: int = SPEC_FULL[128][0], full_at_384: int = SPEC_FULL[384][0]):
+def pool_table(full_at_128: int = 4_997_632, full_at_384: int = 3_444_224):
     """SWA slots (engine sizing) and full-pool tokens per tails.
 
     Full tokens come from the engine's calculate_pool_sizes: full = (available - swa_cap x
@@ -378,7 +378,14 @@ def main(argv=None) -> int:
     ap.add_argument("--control-core", choices=("rust", "python"), default="rust",
                     help="tree core of the control run (engine default: rust)")
     ap.add_argument("--check", action="store_true", help="run cache.sanity_check() at the end")
+    ap.add_argument("--subagents", type=int, default=Scenario.subagents, help="sub-agents (default 40)")
+    ap.add_argument("--subagent-turns", type=int, default=Scenario.subagent_turns,
+                    help="turns per sub-agent (default 3)")
+    ap.add_argument("--new-sessions", type=int, default=Scenario.new_sessions,
+                    help="new 500K sessions while the two sit idle (default 3)")
     args = ap.parse_args(argv)
+    scenario = Scenario(subagents=args.subagents, subagent_turns=args.subagent_turns,
+                        new_sessions=args.new_sessions)
 
     from adapter import cpu_engine
 
@@ -395,7 +402,7 @@ def main(argv=None) -> int:
               f"bytes per full token calibrated = {table['bytes_per_swa_over_full']})")
         print(f"{'tails':>5}  {'SWA slots':>10}  {'SPEC':>10}  {'full tokens':>11}  {'SPEC':>21}  1M ctx")
         for r in table["rows"]:
-            spec_full = " / ".join(f"{x:,}" for x in r["spec_full_tokens"] or ())
+            spec_full = " / ".join(r["spec_full_tokens"] or ())
             spec_swa = f"{r['spec_swa_slots']:,}" if r["spec_swa_slots"] else "-"
             print(f"{r['tails']:>5}  {r['swa_slots']:>10,}  {spec_swa:>10}  {r['full_tokens']:>11,}  "
                   f"{spec_full:>21}  {r['contexts_1m']}")
@@ -404,17 +411,18 @@ def main(argv=None) -> int:
     results = {}
     for name, env in VARIANTS.items():
         backend = args.control_core if name == "control" else "rust"
-        results[name] = run_scenario(args.tails, env, backend=backend, check=args.check)
+        results[name] = run_scenario(args.tails, env, backend=backend, check=args.check,
+                                     scenario=scenario)
     if args.json:
         print(json.dumps({"tails": args.tails, **{k: _public(v) for k, v in results.items()}}))
         return 0
     print(f"sim thin: tails {args.tails}: SWA slots {results['control']['_swa_slots']:,}, full pool "
           f"{results['control']['_full_tokens']:,} tokens; idle sessions "
           f"{results['control']['_idle_lens']} tokens")
-    print(f"{'variant':>8}  {'core':>16}  {'whole re-prefills':>17}  resumed cached tokens  "
+    print(f"{'variant':>8}  {'core':>19}  {'whole re-prefills':>17}  resumed cached tokens  "
           f"sub-agent cached/prompt  seconds")
     for name, r in results.items():
-        print(f"{name:>8}  {r['_core']:>16}  {r['whole_reprefills']:>17}  "
+        print(f"{name:>8}  {r['_core']:>19}  {r['whole_reprefills']:>17}  "
               f"{str(r['resumed_cached_tokens']):>21}  "
               f"{r['_subagent_cached_tokens']:,}/{r['_subagent_prompt_tokens']:,}  {r['_seconds']}")
     return 0
