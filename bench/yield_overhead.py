@@ -1,12 +1,14 @@
 """Per-call cost of Scheduler.get_next_batch_to_run wrapped by decode_yield vs stock, in one run.
 
-    .venv/bin/python bench/yield_overhead.py [--calls 200] [--blocks 12] [--json]
+    .venv/bin/python bench/yield_overhead.py [--calls 2000] [--json]
 
 One real Scheduler (adapter/sims/decode_yield.py `build_scheduler`: the engine's own step on the
-real UnifiedRadixCache and pools, CPU) with two streams decoding. The adapter is installed through
-the production installer and undone again between blocks, so wrapped and stock calls alternate on
-the same scheduler and the same (slowly growing) state; the median per-call time of each is taken
-over all blocks. Only the get_next_batch_to_run call is timed; committing the step's tokens is not.
+real UnifiedRadixCache and pools, CPU) with two streams decoding. The wrapped methods are the ones
+the production installer puts in place (installed, captured, undone); the bench then swaps the
+three class attributes between the engine's own functions and the wrapped ones before every call,
+so stock and wrapped calls interleave one by one on the same scheduler and the same (slowly
+growing) state, and a loaded machine's drift hits both alike. Medians over all calls of each.
+Only the get_next_batch_to_run call is timed; committing the step's tokens is not.
 
 Two states:
 - "decode": nothing chunked, the yield not armed (the path of every ordinary decode step).
@@ -50,39 +52,40 @@ def _install(on: bool) -> None:
         assert installer.status()[dy.NAME].status == "installed", installer.status()[dy.NAME]
 
 
-def _timed_calls(loop, n: int) -> list[int]:
-    s, out = loop.s, []
-    for _ in range(n):
-        t0 = time.perf_counter_ns()
-        plan = s.get_next_batch_to_run(s.running_batch, s.last_batch)
-        out.append(time.perf_counter_ns() - t0)
-        s.running_batch = plan.running_batch
-        batch = plan.batch_to_run
-        assert batch is not None and batch.forward_mode.is_decode(), "bench state drifted"
-        loop._commit(batch)
-        s.last_batch = batch
-    return out
+ROWS = ("get_next_batch_to_run", "_should_defer_prefill", "_arm_prefill_decode_interval")
 
 
-def _arm(loop, wrapped: bool) -> None:
-    """Both: the stock counter far out. Wrapped: the yield armed for the chunked request too."""
-    s = loop.s
-    s._prefill_decode_interval_remaining = FAR
-    if wrapped:
-        st = dy._state(s)
-        st.req, st.left = s.chunked_req, FAR
-    else:
-        s.__dict__.pop(dy._STATE, None)
-
-
-def bench(calls: int, blocks: int) -> dict:
-    import logging
-
-    import sglang.srt.managers.scheduler  # noqa: F401
-
-    logging.getLogger("sglang.dsv41").setLevel(logging.WARNING)   # one install line per block
+def _methods():
+    """The engine's own methods and the installer's wrapped ones (installed, captured, undone)."""
+    from sglang.srt.managers.scheduler import Scheduler
 
     _install(False)
+    stock = {n: Scheduler.__dict__[n] for n in ROWS}
+    _install(True)
+    wrapped = {n: Scheduler.__dict__[n] for n in ROWS}
+    _install(False)
+    assert all(wrapped[n] is not stock[n] for n in ROWS)
+    return Scheduler, stock, wrapped
+
+
+def _one_call(loop) -> int:
+    s = loop.s
+    t0 = time.perf_counter_ns()
+    plan = s.get_next_batch_to_run(s.running_batch, s.last_batch)
+    dt = time.perf_counter_ns() - t0
+    s.running_batch = plan.running_batch
+    batch = plan.batch_to_run
+    assert batch is not None and batch.forward_mode.is_decode(), "bench state drifted"
+    loop._commit(batch)
+    s.last_batch = batch
+    return dt
+
+
+def bench(calls: int) -> dict:
+    import logging
+
+    logging.getLogger("sglang.dsv41").setLevel(logging.WARNING)
+    cls, stock_fns, wrapped_fns = _methods()
     s = sim.build_scheduler(chunk=512, interval=1, full_tokens=1 << 17, swa_tokens=1 << 15,
                             req_slots=8)
     loop = sim.Loop(s)
@@ -93,35 +96,42 @@ def bench(calls: int, blocks: int) -> dict:
     loop.run_until(lambda: all(len(r.output_ids) >= 2 for r in streams)
                    and not s.waiting_queue and s.chunked_req is None)
     result = {}
-    for state in ("decode", "armed"):
-        if state == "armed":
-            loop.submit(sim.make_req("p", 8192, max_new_tokens=1, salt=9))
-            loop.run_until(lambda: s.chunked_req is not None)       # first chunk scheduled
-        times = {"stock": [], "wrapped": []}
-        gc.collect()
-        gc.disable()
-        try:
-            for b in range(blocks):
-                for kind in (("stock", "wrapped") if b % 2 == 0 else ("wrapped", "stock")):
-                    _install(kind == "wrapped")
-                    if state == "armed":
-                        _arm(loop, kind == "wrapped")
-                    times[kind] += _timed_calls(loop, calls)
-        finally:
-            gc.enable()
-            _install(False)
-        stock = statistics.median(times["stock"])
-        wrapped = statistics.median(times["wrapped"])
-        rows = s.running_batch.reqs
-        step_us = dy.step_cost_us(len(rows), sum(r.seqlen for r in rows))
-        result[state] = {
-            "calls_each": len(times["stock"]),
-            "stock_us": round(stock / 1e3, 2), "wrapped_us": round(wrapped / 1e3, 2),
-            "overhead_us": round((wrapped - stock) / 1e3, 2),
-            "ratio_call": round(wrapped / stock, 4),
-            "modelled_step_us": step_us,
-            "ratio_step": round((wrapped / 1e3 + step_us) / (stock / 1e3 + step_us), 6),
-        }
+    try:
+        for state in ("decode", "armed"):
+            if state == "armed":
+                loop.submit(sim.make_req("p", 8192, max_new_tokens=1, salt=9))
+                loop.run_until(lambda: s.chunked_req is not None)    # first chunk scheduled
+                # both defer on every call: stock by its own counter, wrapped by the armed yield
+                s._prefill_decode_interval_remaining = FAR
+                st = dy._state(s)
+                st.req, st.left = s.chunked_req, FAR
+            times = {"stock": [], "wrapped": []}
+            gc.collect()
+            gc.disable()
+            try:
+                for i in range(calls):
+                    for kind in (("stock", "wrapped") if i % 2 == 0 else ("wrapped", "stock")):
+                        for name, fn in (stock_fns if kind == "stock" else wrapped_fns).items():
+                            setattr(cls, name, fn)
+                        times[kind].append(_one_call(loop))
+            finally:
+                gc.enable()
+                for name, fn in stock_fns.items():
+                    setattr(cls, name, fn)
+            stock = statistics.median(times["stock"])
+            wrapped = statistics.median(times["wrapped"])
+            rows = s.running_batch.reqs
+            step_us = dy.step_cost_us(len(rows), sum(r.seqlen for r in rows))
+            result[state] = {
+                "calls_each": calls,
+                "stock_us": round(stock / 1e3, 2), "wrapped_us": round(wrapped / 1e3, 2),
+                "overhead_us": round((wrapped - stock) / 1e3, 2),
+                "ratio_call": round(wrapped / stock, 4),
+                "modelled_step_us": step_us,
+                "ratio_step": round((wrapped / 1e3 + step_us) / (stock / 1e3 + step_us), 6),
+            }
+    finally:
+        _install(False)
     # the arming arithmetic done once per non-final chunk
     rows = s.running_batch.reqs
     t0 = time.perf_counter_ns()
@@ -134,18 +144,17 @@ def bench(calls: int, blocks: int) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--calls", type=int, default=200, help="timed calls per block")
-    p.add_argument("--blocks", type=int, default=12, help="blocks per variant (alternating)")
+    p.add_argument("--calls", type=int, default=2000, help="timed calls of each, interleaved")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    res = bench(args.calls, args.blocks)
+    res = bench(args.calls)
     if args.json:
         print(json.dumps(res, indent=1))
         return 0
     for state in ("decode", "armed"):
         r = res[state]
         print(f"{state:6s}: stock {r['stock_us']:.1f} us/call, wrapped {r['wrapped_us']:.1f} us/call "
-              f"(+{r['overhead_us']:.2f} us) -> ratio {r['ratio_call']:.4f} per CPU call; "
+              f"(medians, +{r['overhead_us']:.2f} us) -> ratio {r['ratio_call']:.4f} per CPU call; "
               f"{r['ratio_step']:.6f} of a modelled scheduler step ({r['modelled_step_us']} us "
               f"forward), {r['calls_each']} calls each")
     print(f"arming arithmetic once per non-final chunk: {res['arm_compute_us']:.3f} us")
