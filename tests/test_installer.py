@@ -92,9 +92,10 @@ depth = {}
 for row in hooks_of(name):
     fn = pins.resolve(row)[2]
     fn = getattr(fn, "__func__", fn)
-    n = 0
+    n = 0   # HookRegistry wrappers in the chain (the engine's own decorators don't count)
     while hasattr(fn, "__wrapped__"):
-        fn, n = fn.__wrapped__, n + 1
+        n += fn.__code__.co_qualname.startswith("_wrap_fn.")
+        fn = fn.__wrapped__
     depth[row.target] = n
 print("DEPTH", depth)
 """
