@@ -155,22 +155,47 @@ def _alloc(cpu, n: int):
 class TurnResult:
     name: str
     prompt_len: int
-    cached: int                 # device prefix matched on arrival
+    cached: int                 # device prefix the stock match found (the round it was admitted)
+    prefix: int = 0             # prefix of the first pass as admitted (cone replay: s = F - N)
+    prefill: int = 0            # tokens prefilled over all passes (sum of extend lengths)
+    waits: int = 0              # scheduling rounds the adder did not admit it
+
+
+MAX_WAIT_ROUNDS = 100_000       # a request the adder never admits is a sim bug, not a wait
 
 
 class Driver:
-    """Runs requests on a CpuSwaCache the way the scheduler drives the cache."""
+    """Runs requests on a CpuSwaCache the way the scheduler drives the cache.
 
-    def __init__(self, cpu, concurrency: int = 4, chunk: int = CHUNK):
+    Admission goes through the engine's real PrefillAdder: `add_one_req` for a new request (it
+    selects the first pass, locks the match and, with cone replay installed, plans the replay),
+    `add_chunked_req` for each further chunk; a request the adder does not admit waits a round
+    (and is matched again, as the scheduler's waiting queue is). One adder per pass with
+    `chunk` tokens, as one request per prefill batch.
+    """
+
+    def __init__(self, cpu, concurrency: int = 4, chunk: int = CHUNK, chunk_grid: bool = False):
         self.cpu = cpu
         self.chunk = chunk
+        self.chunk_grid = chunk_grid
         self.cache = cpu.cache
         self.concurrency = concurrency
         self.results: list[TurnResult] = []
         self.trace: list[tuple[str, int, int]] = []   # (turn, node id, up_to) per checkpoint
         self._rid = 0
 
-    # One turn as a generator: yields after each chunk and each decode block.
+    def adder(self, chunk: int | None = None, pos: int = 0):
+        from sglang.srt.managers.schedule_policy import PrefillAdder
+
+        chunk = chunk or self.chunk
+        budget = chunk - pos % chunk if self.chunk_grid else chunk
+        return PrefillAdder(page_size=PAGE, tree_cache=self.cache,
+                            token_to_kv_pool_allocator=self.cpu.allocator, running_batch=None,
+                            new_token_ratio=0.5, rem_input_tokens=1 << 24,
+                            rem_chunk_tokens=budget)
+
+    # One turn as a generator: yields after each chunk and each decode block (and per round
+    # the adder makes it wait).
     def turn(self, name: str, prompt: array, out_tokens: array, chunk: int | None = None):
         from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req
         from sglang.srt.mem_cache.common import (
@@ -183,11 +208,20 @@ class Driver:
         self._rid += 1
         req = Req(rid=f"{name}#{self._rid}", origin_input_text="", origin_input_ids=array("q", prompt),
                   sampling_params=SamplingParams(temperature=0, max_new_tokens=len(out_tokens) + 1))
-        # Admission: match_kv_cache (as the scheduler's batch build does), then lock the match.
-        req.init_next_round_input(cache)
-        self.results.append(TurnResult(name, len(prompt), req.prefix_len))
+        # Admission: match_kv_cache (as the scheduler's batch build does), then the adder.
+        waits = 0
+        while True:
+            req.init_next_round_input(cache)
+            stock = req.prefix_len
+            adder = self.adder(chunk, stock)
+            adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+            if any(r is req for r in adder.can_run_list):
+                break
+            waits = self._wait(req, waits)
+            yield
+        result = TurnResult(name, len(prompt), stock, req.prefix_len, 0, waits)
+        self.results.append(result)
         cpu.req_to_token_pool.alloc([req])
-        req.lock = cache.lock(req.last_node)
         row = req.kv.req_pool_idx
         pos = req.prefix_len
         if pos:
@@ -205,14 +239,23 @@ class Driver:
             req.kv.kv_committed_len = req.kv.kv_allocated_len = end
 
         total = len(prompt)
-        while pos < total:                         # chunked prefill
-            end = min(total, (pos // chunk + 1) * chunk)
+        while True:                                # chunked prefill: passes the adder selected
+            end = req.extend_end
+            result.prefill += end - req.prefix_len
             grow(end)
-            req.extend_end = end
             checkpoint_kv_cache(req, cache)        # stash / post-prefill checkpoint
             self.trace.append((req.rid, req.last_node, end))
             pos = end
             yield
+            if pos >= total:
+                break
+            while True:
+                adder = self.adder(chunk, pos)
+                adder.add_chunked_req(req)
+                if any(r is req for r in adder.can_run_list):
+                    break
+                result.waits = self._wait(req, result.waits)
+                yield
         for i in range(0, len(out_tokens), DECODE_BLOCK):   # decode, one SWA slide per block
             block = out_tokens[i:i + DECODE_BLOCK]
             req.output_ids.extend(block)
@@ -223,6 +266,12 @@ class Driver:
         req.finished_reason = FINISH_LENGTH(length=len(out_tokens))
         release_kv_cache(req, cache, checkpoint=True)
         self.trace.append((req.rid, req.last_node, pos))
+
+    @staticmethod
+    def _wait(req, waits: int) -> int:
+        if waits >= MAX_WAIT_ROUNDS:
+            raise RuntimeError(f"{req.rid}: the PrefillAdder admitted no pass in {waits} rounds")
+        return waits + 1
 
     def run(self, jobs):
         """Round-robin over at most `concurrency` live turns; `jobs` is an iterator of generators
@@ -271,13 +320,47 @@ class Scenario:
     concurrency: int = 4
 
 
+def _reset_installer():
+    """installer.reset_for_tests(), then drop the HookRegistry entries it leaves empty.
+
+    Workaround (foundation, adapter/installer.py): reset_for_tests leaves `_hooks[target] = []`
+    for every target it undid; the next install's `apply_hooks()` "applies" those empty lists
+    (a no-op) and marks the targets patched, and a later reset only un-marks its own targets, so
+    a third install in one process finds the first adapter's targets marked and refuses
+    ("HookRegistry did not apply"). A target with no hooks is not patched: forget it.
+    """
+    from adapter import installer
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    installer.reset_for_tests()
+    for target in [t for t, hooks in HookRegistry._hooks.items() if not hooks]:
+        del HookRegistry._hooks[target]
+        HookRegistry._patched.discard(target)
+
+
+def _cone_counts() -> dict:
+    from adapter import receipts
+
+    return dict(receipts.counters["swa_cone"])
+
+
+def _delta(after: dict, before: dict) -> dict:
+    return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
+
+
 def run_scenario(tails: int, environ: dict, *, backend: str = "rust", scenario: Scenario = Scenario(),
-                 full_tokens: int | None = None, check: bool = False) -> dict:
-    """Build the pool for `tails`, install the adapters `environ` enables, run, report."""
+                 full_tokens: int | None = None, swa_tokens: int | None = None,
+                 check: bool = False, chunk_grid: bool = False) -> dict:
+    """Build the pool for `tails`, install the adapters `environ` enables, run, report.
+
+    `full_tokens` / `swa_tokens` override the pool (default: the engine's sizing for `tails`).
+    Replays are counted from the cone adapter's own counters (`plans`, `replay_tokens`,
+    fallback reasons): over the resume turns and over the whole run.
+    """
     from adapter import cpu_engine, installer
 
     cpu_engine.install_torchvision_shim()
-    installer.reset_for_tests()
+    _reset_installer()
     installer.set_mode("report")
     settings = installer.bootstrap(environ=environ)
     import sglang.srt.mem_cache.unified_radix_cache  # noqa: F401  (installs enabled adapters)
@@ -294,15 +377,16 @@ def run_scenario(tails: int, environ: dict, *, backend: str = "rust", scenario: 
     if full_tokens is None:
         full_tokens = next((r["full_tokens"] for r in pool_table()["rows"] if r["tails"] == tails),
                            None) or pool_full_tokens(tails)
-    swa = swa_slots(tails)
+    swa = swa_tokens or swa_slots(tails)
     sc = scenario
     longest = max(sc.new_session_len, *sc.idle_sessions) + sc.resume_turn + 4 * CHUNK
     cpu = cpu_engine.build_swa_cache(full_tokens=full_tokens, swa_tokens=swa, page_size=PAGE,
                                      window=WINDOW, backend=backend, req_slots=sc.concurrency + 2,
                                      max_context_len=longest, chunked_prefill_size=CHUNK)
     core = type(cpu.cache.tree_core).__name__
-    drv = Driver(cpu, concurrency=sc.concurrency)
+    drv = Driver(cpu, concurrency=sc.concurrency, chunk_grid=chunk_grid)
     tok = Tokens()
+    cone0 = _cone_counts()
     t0, c0 = time.perf_counter(), time.process_time()
 
     # 1. The two long sessions: a chunked first prompt, then agent turns up to their length.
@@ -333,18 +417,30 @@ def run_scenario(tails: int, environ: dict, *, backend: str = "rust", scenario: 
 
     # 3. Resume the idle sessions, one after the other.
     resumed = []
+    cone1 = _cone_counts()
     for i, ctx in enumerate(contexts):
         n = len(drv.results)
         drv.run([session(drv, f"resume{i}", tok, ctx, [sc.resume_turn], sc.out_len)])
-        resumed.append(drv.results[n].cached)
+        resumed.append(drv.results[n])
+    cone_resume, cone_run = _delta(_cone_counts(), cone1), _delta(_cone_counts(), cone0)
     if check:
         cpu.cache.sanity_check()
     elapsed, cpu_s = time.perf_counter() - t0, time.process_time() - c0
 
     subs = [r for r in drv.results if r.name.startswith("sub")]
     out = {
-        "whole_reprefills": sum(1 for c, L in zip(resumed, idle_lens) if c < L // 2),
-        "resumed_cached_tokens": resumed,
+        # A resume is a whole-session re-prefill when its first pass starts below half of the
+        # session's context (without cone replay that is the stock match; with it, s = F - N).
+        "whole_reprefills": sum(1 for r, L in zip(resumed, idle_lens) if r.prefix < L // 2),
+        "resumed_cached_tokens": [r.cached for r in resumed],     # the stock match at resume
+        "resumed_prefix_tokens": [r.prefix for r in resumed],     # the first pass's prefix
+        "replays": cone_resume.get("plans", 0),                   # cone plans on the resumes
+        "replay_tokens": cone_resume.get("replay_tokens", 0),
+        "resume_prefill_tokens": sum(r.prefill for r in resumed),
+        "resume_prefill_tokens_per_session": [r.prefill for r in resumed],
+        "replays_whole_run": cone_run.get("plans", 0),
+        "cone_fallbacks": {k.split(":", 1)[1]: v for k, v in cone_run.items()
+                           if k.startswith("fallback:")},
         "_idle_lens": idle_lens,
         "_core": core,
         "_adapters": states,
@@ -352,22 +448,51 @@ def run_scenario(tails: int, environ: dict, *, backend: str = "rust", scenario: 
         "_full_tokens": full_tokens,
         "_subagent_prompt_tokens": sum(r.prompt_len for r in subs),
         "_subagent_cached_tokens": sum(r.cached for r in subs),
+        "_subagent_prefill_tokens": sum(r.prefill for r in subs),
+        "_waits": sum(r.waits for r in drv.results),
         "_thin": thin.stats.summary() if thin is not None and states.get("swa_thin") else None,
         "_seconds": round(elapsed, 1),
         "_cpu_seconds": round(cpu_s, 1),
     }
-    installer.reset_for_tests()
+    _reset_installer()
     return out
 
 
-VARIANTS = {  # name -> environment; a later `--cone` adds thin + cone replay here
+VARIANTS = {  # name -> environment
     "control": {},
     "thin": {"DSV41_SWA_THIN": "1"},
 }
 
 
+def cone_variants(tokens: int = 8192) -> dict:
+    """`--cone`: control, thin, cone replay alone, thin + cone replay."""
+    cone = {"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_TOKENS": str(tokens)}
+    return {**VARIANTS, "cone": dict(cone), "thin_cone": {"DSV41_SWA_THIN": "1", **cone}}
+
+
+def report(tails: int, variants: dict, *, scenario: Scenario = Scenario(), control_core: str = "rust",
+           full_tokens: int | None = None, swa_tokens: int | None = None, check: bool = False,
+           chunk_grid: bool = False) -> dict:
+    """Run every variant on the same scenario, pool and chunking; internal fields keep their `_`."""
+    results = {}
+    for name, env in variants.items():
+        backend = control_core if name == "control" else "rust"
+        results[name] = run_scenario(tails, env, backend=backend, check=check, scenario=scenario,
+                                     full_tokens=full_tokens, swa_tokens=swa_tokens,
+                                     chunk_grid=chunk_grid)
+    return results
+
+
 def _public(result: dict) -> dict:
     return {k: v for k, v in result.items() if not k.startswith("_")}
+
+
+def as_json(tails: int, results: dict, chunks: str) -> dict:
+    """The `--json` object: the issue's shape (`tails`, `control`, `thin` with `whole_reprefills`
+    and `resumed_cached_tokens`) plus per-variant resume figures and the pool."""
+    first = results["control"]
+    return {"tails": tails, **{k: _public(v) for k, v in results.items()},
+            "full_tokens": first["_full_tokens"], "swa_slots": first["_swa_slots"], "chunks": chunks}
 
 
 def main(argv=None) -> int:
@@ -383,7 +508,17 @@ def main(argv=None) -> int:
                     help="turns per sub-agent (default 3)")
     ap.add_argument("--new-sessions", type=int, default=Scenario.new_sessions,
                     help="new 500K sessions while the two sit idle (default 3)")
+    ap.add_argument("--cone", action="store_true",
+                    help="variants control, thin, cone (cone replay alone) and thin+cone")
+    ap.add_argument("--cone-tokens", type=int, default=8192,
+                    help="DSV41_SWA_CONE_TOKENS for the cone variants (default 8192)")
+    ap.add_argument("--chunks", choices=("grid", "engine"), default=None,
+                    help="chunk budget per pass: grid = up to the next multiple of 8192 tokens "
+                         "(default without --cone), engine = a whole 8192-token chunk from the "
+                         "prefix, the scheduler's own cut for one request per batch (default "
+                         "with --cone)")
     args = ap.parse_args(argv)
+    chunks = args.chunks or ("engine" if args.cone else "grid")
     scenario = Scenario(subagents=args.subagents, subagent_turns=args.subagent_turns,
                         new_sessions=args.new_sessions)
 
@@ -408,25 +543,26 @@ def main(argv=None) -> int:
                   f"{spec_full:>21}  {r['contexts_1m']}")
         return 0
 
-    results = {}
-    for name, env in VARIANTS.items():
-        backend = args.control_core if name == "control" else "rust"
-        results[name] = run_scenario(args.tails, env, backend=backend, check=args.check,
-                                     scenario=scenario)
+    variants = cone_variants(args.cone_tokens) if args.cone else VARIANTS
+    results = report(args.tails, variants, scenario=scenario, control_core=args.control_core,
+                     check=args.check, chunk_grid=chunks == "grid")
+    first = results["control"]
     if args.json:
-        print(json.dumps({"tails": args.tails, **{k: _public(v) for k, v in results.items()}}))
+        print(json.dumps(as_json(args.tails, results, chunks)))
         return 0
-    print(f"sim thin: tails {args.tails}: SWA slots {results['control']['_swa_slots']:,}, full pool "
-          f"{results['control']['_full_tokens']:,} tokens; idle sessions "
-          f"{results['control']['_idle_lens']} tokens")
-    print(f"{'variant':>8}  {'core':>19}  {'whole re-prefills':>17}  resumed cached tokens  "
-          f"sub-agent cached/prompt  seconds")
+    print(f"sim thin: tails {args.tails}: SWA slots {first['_swa_slots']:,}, full pool "
+          f"{first['_full_tokens']:,} tokens; idle sessions {first['_idle_lens']} tokens; chunks {chunks}")
+    print(f"{'variant':>9}  {'core':>19}  {'whole re-prefills':>17}  {'resumed cached tokens':>21}  "
+          f"{'replays':>7}  {'resume prefill':>14}  sub-agent cached/prompt  seconds")
     for name, r in results.items():
-        print(f"{name:>8}  {r['_core']:>19}  {r['whole_reprefills']:>17}  "
-              f"{str(r['resumed_cached_tokens']):>21}  "
+        print(f"{name.replace('_', '+'):>9}  {r['_core']:>19}  {r['whole_reprefills']:>17}  "
+              f"{str(r['resumed_cached_tokens']):>21}  {r['replays']:>7}  "
+              f"{r['resume_prefill_tokens']:>14,}  "
               f"{r['_subagent_cached_tokens']:,}/{r['_subagent_prompt_tokens']:,}  {r['_seconds']}")
+        if r["cone_fallbacks"]:
+            print(f"{'':>9}  cone fallbacks: {r['cone_fallbacks']}; replays over the whole run "
+                  f"{r['replays_whole_run']}")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
