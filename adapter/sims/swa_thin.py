@@ -3,8 +3,8 @@
 Everything runs on the engine's real UnifiedRadixCache (FULL + SWA) with its real ReqToTokenPool,
 SWAKVPool and SWATokenToKVPoolAllocator (adapter/cpu_engine.py), page 256, window 128 (DSV4), and
 real `Req` objects driven through the engine's own cache entry points in the scheduler's order:
-`match_kv_cache` on arrival, `lock(last_node)` at admission, per chunk `evict_from_tree_cache` +
-allocation, `checkpoint_kv_cache` after every chunk (the engine's stash / post-prefill checkpoint),
+`match_kv_cache` on arrival, the real PrefillAdder's `add_one_req` / `add_chunked_req` for every
+pass (it locks the match; cone replay plans there), per chunk `evict_from_tree_cache` + allocation, `checkpoint_kv_cache` after every chunk (the engine's stash / post-prefill checkpoint),
 `evict_sliding_windows` during decode, `release_kv_cache` at finish. Adapters are installed in this
 process through the production installer (report mode) from an environment dict, so the same
 scenario runs for any set of keys (control: none; thin: DSV41_SWA_THIN=1).
