@@ -224,8 +224,14 @@ def reset_for_tests() -> None:
         setattr(owner, attr, raw)
         _propagate_patch(current, raw, owner)
         # HookRegistry has no public unregister; drop our entries so a later install re-applies.
-        HookRegistry._hooks[target] = [h for h in HookRegistry._hooks[target]
-                                       if not (h[2] and h[2].dist_name == PLUGIN_NAME)]
+        # A target left with no hooks is forgotten: apply_hooks() would "apply" an empty list and
+        # mark the target patched, and a later install on it would then be skipped.
+        others = [h for h in HookRegistry._hooks.get(target, ())
+                  if not (h[2] and h[2].dist_name == PLUGIN_NAME)]
+        if others:
+            HookRegistry._hooks[target] = others
+        else:
+            HookRegistry._hooks.pop(target, None)
         HookRegistry._patched.discard(target)
     mode = _state.mode
     _state.__init__()

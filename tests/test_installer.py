@@ -128,3 +128,23 @@ def test_plugin_path_alone_installs(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "WRAPPED True" in proc.stdout
     assert sum("[dsv41] decode_yield installed:" in ln for ln in proc.stderr.splitlines()) == 1
+
+
+def test_repeated_installs_in_one_process_apply_every_time(install_adapters):
+    """reset_for_tests() must leave HookRegistry as it found it: install, undo, install again."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    for environ in ({"DSV41_SWA_THIN": "1"}, {"DSV41_SWA_CONE_REPLAY": "1"},
+                    {"DSV41_SWA_THIN": "1", "DSV41_SWA_CONE_REPLAY": "1"}, {}):
+        status = install_adapters(environ)
+        on = {n for n, s in status.items() if s.status != "off"}
+        assert all(status[n].status == "installed" for n in on), {n: status[n].detail for n in on}
+        for name in on:
+            for row in hooks_of(name):
+                fn = pins.resolve(row)[2]
+                assert hasattr(getattr(fn, "__func__", fn), "__wrapped__"), row.target
+    from adapter import installer
+    installer.reset_for_tests()
+    ours = [t for t, hooks in HookRegistry._hooks.items()
+            if any(h[2] and h[2].dist_name == installer.PLUGIN_NAME for h in hooks)]
+    assert ours == [] and not any(h == [] for h in HookRegistry._hooks.values())

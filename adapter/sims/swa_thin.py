@@ -320,24 +320,6 @@ class Scenario:
     concurrency: int = 4
 
 
-def _reset_installer():
-    """installer.reset_for_tests(), then drop the HookRegistry entries it leaves empty.
-
-    Workaround (foundation, adapter/installer.py): reset_for_tests leaves `_hooks[target] = []`
-    for every target it undid; the next install's `apply_hooks()` "applies" those empty lists
-    (a no-op) and marks the targets patched, and a later reset only un-marks its own targets, so
-    a third install in one process finds the first adapter's targets marked and refuses
-    ("HookRegistry did not apply"). A target with no hooks is not patched: forget it.
-    """
-    from adapter import installer
-    from sglang.srt.plugins.hook_registry import HookRegistry
-
-    installer.reset_for_tests()
-    for target in [t for t, hooks in HookRegistry._hooks.items() if not hooks]:
-        del HookRegistry._hooks[target]
-        HookRegistry._patched.discard(target)
-
-
 def _cone_counts() -> dict:
     from adapter import receipts
 
@@ -360,7 +342,7 @@ def run_scenario(tails: int, environ: dict, *, backend: str = "rust", scenario: 
     from adapter import cpu_engine, installer
 
     cpu_engine.install_torchvision_shim()
-    _reset_installer()
+    installer.reset_for_tests()
     installer.set_mode("report")
     settings = installer.bootstrap(environ=environ)
     import sglang.srt.mem_cache.unified_radix_cache  # noqa: F401  (installs enabled adapters)
@@ -454,7 +436,7 @@ def run_scenario(tails: int, environ: dict, *, backend: str = "rust", scenario: 
         "_seconds": round(elapsed, 1),
         "_cpu_seconds": round(cpu_s, 1),
     }
-    _reset_installer()
+    installer.reset_for_tests()
     return out
 
 
