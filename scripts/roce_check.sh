@@ -20,5 +20,5 @@ PYEOF
 if command -v ibv_devices >/dev/null 2>&1; then
     ibv_devices || true
 else
-    echo "[roce] ibv_devices not installed here (the image has rdma-core); profile check only"
+    echo "[roce] ibv_devices not installed here; profile check only"
 fi
