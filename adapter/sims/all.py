@@ -68,9 +68,11 @@ def plot(results: dict, out: pathlib.Path) -> list[pathlib.Path]:
         for j, variant in enumerate(("control", "thin")):
             cached = results["thin"][t][variant]["resumed_cached_tokens"]
             for k, c in enumerate(cached):
-                ax.bar(i + (2 * j + k - 1.5) * width, c / 1000, width,
-                       color=("tab:red", "tab:green")[j], alpha=(1.0, 0.6)[k],
+                x = i + (2 * j + k - 1.5) * width
+                ax.bar(x, c / 1000, width, color=("tab:red", "tab:green")[j], alpha=(1.0, 0.6)[k],
                        label=f"{variant}, session {k + 1}" if i == 0 else None)
+                if c == 0:   # a whole-session re-prefill: no bar to see, say so
+                    ax.text(x, 2, "0", ha="center", va="bottom", color="tab:red", fontsize=8)
     ax.set_xticks(range(len(tails)), [f"{t} tails" for t in tails])
     ax.set_ylabel("cached prefix at resume (K tokens)")
     ax.set_title("swa_thin: idle 330K / 300K sessions resumed")
