@@ -19,7 +19,6 @@ bare namespace modules (their __init__ files are not executed).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import json
 import os
@@ -34,20 +33,13 @@ import types
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-MODULE_TAG = "swan256"
-PAGE_TOKENS = 256
+# The manifest format and the file hash are the adapter's (it checks them at load): one definition.
+sys.path.insert(0, str(REPO))
+from adapter.swan import MANIFEST_SCHEMA, MODULE_TAG, PAGE_TOKENS, sha256_file  # noqa: E402
+
 DEFAULT_ARCHS = ("12.0a", "12.1a")
 DEFAULT_HEADS = "8,16,32,64,128,0"
 HEAD_SLOTS = (8, 16, 32, 64, 128, 0)      # bit order of SWAN_HEAD_MASK in swan256.cu
-MANIFEST_SCHEMA = 1
-
-
-def sha256_file(path: pathlib.Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def load_flashinfer_jit():
