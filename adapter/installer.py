@@ -178,7 +178,8 @@ def _install_group(group: tuple[str, ...]) -> None:
                 raise Refusal(f"install() left table rows unhooked: {', '.join(missing)}")
             contexts[name] = ctx
         except Refusal as exc:
-            state.pin_ok = state.pin_ok if state.pin_ok else False
+            if state.pin_ok is None:      # refused by the pin check itself
+                state.pin_ok = False
             _refuse(name, str(exc))
         except Exception:
             _refuse(name, "install() raised:\n" + traceback.format_exc())
