@@ -59,3 +59,10 @@ def line(adapter: str, text: str, *args) -> None:
 
 def warning(text: str, *args) -> None:
     logger().warning(f"{PREFIX} {text}", *args)
+
+
+def forget(adapter: str) -> None:
+    """Forget an adapter's counters and logged-once reasons (tests that count lines)."""
+    counters[adapter].clear()
+    for key in [k for k in _seen_fallbacks if k[0] == adapter]:
+        _seen_fallbacks.discard(key)

@@ -21,11 +21,6 @@ def _cone_env(tokens=N):
     return {"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_TOKENS": str(tokens)}
 
 
-def _forget_fallbacks():
-    for key in [k for k in receipts._seen_fallbacks if k[0] == "swa_cone"]:
-        receipts._seen_fallbacks.discard(key)
-
-
 def _setup(backend, *, evict=True, chunk=CHUNK):
     from adapter.sims.swa_cone import Driver, build
 
@@ -112,7 +107,7 @@ def test_stock_without_cone_re_prefills_the_whole_context(install_adapters):
 
 def test_replay_not_covered_by_the_first_chunk_keeps_the_stock_match(install_adapters, caplog):
     install_adapters(_cone_env())
-    _forget_fallbacks()
+    receipts.forget("swa_cone")
     cpu, drv, prompt = _setup("python")
     drv.chunk = 512                                  # first pass can hold 512 < N rows
     req = _arrive(drv, prompt)
