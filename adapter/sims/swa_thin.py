@@ -139,18 +139,6 @@ class Tokens:
         return out
 
 
-def _alloc(cpu, n: int):
-    """Page-aligned full + SWA slots with the full->SWA mapping set (as CpuSwaCache.alloc, with
-    index_copy_, which is ~10x faster than index assignment into a multi-million-entry map)."""
-    a = cpu.allocator
-    full = a.full_attn_allocator.alloc(n)
-    swa = a.swa_attn_allocator.alloc(n)
-    if full is None or swa is None:
-        raise MemoryError(f"out of KV slots for {n} tokens")
-    a.full_to_swa_index_mapping.index_copy_(0, full, swa.to(a.full_to_swa_index_mapping.dtype))
-    return full
-
-
 @dataclasses.dataclass
 class TurnResult:
     name: str
@@ -234,7 +222,7 @@ class Driver:
             if end > alloc_end:
                 n = -(-(end - alloc_end) // PAGE) * PAGE
                 evict_from_tree_cache(cache, n)
-                cpu.req_to_token_pool.write((row, slice(alloc_end, alloc_end + n)), _alloc(cpu, n))
+                cpu.req_to_token_pool.write((row, slice(alloc_end, alloc_end + n)), cpu.alloc(n))
                 alloc_end += n
             req.kv.kv_committed_len = req.kv.kv_allocated_len = end
 
@@ -342,17 +330,8 @@ def run_scenario(tails: int, environ: dict, *, backend: str = "rust", scenario: 
     from adapter import cpu_engine, installer
 
     cpu_engine.install_torchvision_shim()
-    installer.reset_for_tests()
-    installer.set_mode("report")
-    settings = installer.bootstrap(environ=environ)
-    import sglang.srt.mem_cache.unified_radix_cache  # noqa: F401  (installs enabled adapters)
-    from adapter.table import ADAPTERS, modules_of
-
-    for name in ADAPTERS:
-        if settings.enabled(name):
-            for module in modules_of(name):
-                __import__(module)
-    states = {n: s.status for n, s in installer.status().items() if s.status != "off"}
+    states = {n: s.status for n, s in installer.install_in_process(environ).items()
+              if s.status != "off"}
     thin = sys.modules.get("adapter.swa_thin")
     if thin is not None:
         thin.reset_stats()
