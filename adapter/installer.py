@@ -216,6 +216,20 @@ def _refuse(name: str, reason: str) -> None:
     state.detail = message
 
 
+def install_in_process(environ) -> dict[str, AdapterState]:
+    """Sims, benches and tests: undo any earlier install, then install what `environ` enables,
+    in report mode (a refusal is recorded, not an exit), importing the engine modules of the
+    enabled adapters. Returns status()."""
+    reset_for_tests()
+    set_mode("report")
+    settings = bootstrap(environ=environ)
+    for name in ADAPTERS:
+        if settings.enabled(name):
+            for module in modules_of(name):
+                importlib.import_module(module)
+    return status()
+
+
 def reset_for_tests() -> None:
     """Undo every hook we applied and forget the settings (tests switch keys in one process)."""
     from sglang.srt.plugins.hook_registry import HookRegistry, _propagate_patch

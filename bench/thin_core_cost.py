@@ -38,11 +38,7 @@ def build(variant: str):
     from adapter.sims import swa_thin as sim
 
     env = {"DSV41_SWA_THIN": "1"} if variant == "thin" else {}
-    installer.reset_for_tests()
-    installer.set_mode("report")
-    installer.bootstrap(environ=env)
-    import sglang.srt.mem_cache.unified_radix_cache  # noqa: F401
-    import sglang.srt.mem_cache.unified_cache.tree_core_registry  # noqa: F401
+    installer.install_in_process(env)
 
     cpu = cpu_engine.build_swa_cache(full_tokens=3_444_224, swa_tokens=sim.swa_slots(384),
                                      backend="python" if variant == "python" else "rust",

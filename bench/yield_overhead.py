@@ -45,11 +45,8 @@ FAR = 10**9
 
 
 def _install(on: bool) -> None:
-    installer.reset_for_tests()
-    if on:
-        installer.set_mode("report")
-        installer.bootstrap(environ={dy.KEY: "33"})
-        assert installer.status()[dy.NAME].status == "installed", installer.status()[dy.NAME]
+    state = installer.install_in_process({dy.KEY: "33"} if on else {})[dy.NAME]
+    assert state.status == ("installed" if on else "off"), state
 
 
 ROWS = ("get_next_batch_to_run", "_should_defer_prefill", "_arm_prefill_decode_interval")

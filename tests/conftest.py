@@ -26,21 +26,9 @@ def install_adapters():
     than exiting pytest) and imports the engine modules of the enabled adapters.
     """
     from adapter import installer
-    from adapter.table import ADAPTERS, modules_of
 
     installer.reset_for_tests()
-
-    def _install(environ, mode="report"):
-        installer.reset_for_tests()
-        installer.set_mode(mode)
-        settings = installer.bootstrap(environ=environ)
-        for name in ADAPTERS:
-            if settings.enabled(name):
-                for module in modules_of(name):
-                    __import__(module)
-        return installer.status()
-
-    yield _install
+    yield installer.install_in_process
     installer.reset_for_tests()
     installer.set_mode("boot")
 

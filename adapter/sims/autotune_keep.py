@@ -239,15 +239,10 @@ def installed(keep: bool):
     """Stock (nothing installed) or autotune_keep through the production installer."""
     from adapter import installer
 
-    installer.reset_for_tests()
-    installer.set_mode("report")
     try:
-        if keep:
-            installer.bootstrap(environ={"DSV41_AUTOTUNE_KEEP": "1"})
-            __import__(ENGINE_MODULE)
-            state = installer.status()["autotune_keep"]
-            if state.status != "installed":
-                raise RuntimeError(f"autotune_keep did not install: {state.detail}")
+        state = installer.install_in_process({"DSV41_AUTOTUNE_KEEP": "1"} if keep else {})
+        if keep and state["autotune_keep"].status != "installed":
+            raise RuntimeError(f"autotune_keep did not install: {state['autotune_keep'].detail}")
         yield
     finally:
         installer.reset_for_tests()

@@ -366,9 +366,7 @@ def run_ab(share: Optional[int], *, stream_ctx: int = STREAM_CONTEXT, prompt: in
     installer.reset_for_tests()
     stock = _one_run(**kw)
     # the second run goes through the production installer; with the key unset it installs nothing
-    installer.set_mode("report")
-    installer.bootstrap(environ={} if share is None else {model.KEY: str(share)})
-    state = installer.status()[model.NAME]
+    state = installer.install_in_process({} if share is None else {model.KEY: str(share)})[model.NAME]
     try:
         if state.status != ("off" if share is None else "installed"):
             raise RuntimeError(f"decode_yield: unexpected install state {state.status}: "

@@ -79,7 +79,6 @@ class Driver:
     def prefill(self, tokens, *, output_tokens=(), adder=None):
         """Run one request through admission, its chunks and its release. Returns
         (req, first-pass prefix_len, prefill tokens over all passes)."""
-        from sglang.srt.managers.schedule_policy import AddReqResult
         from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
 
         req = self._req(tokens, max_new_tokens=max(1, len(output_tokens)))
@@ -112,7 +111,6 @@ class Driver:
         req.finished_len = req.kv.kv_committed_len
         req.finished_reason = _finished()
         release_kv_cache(req, self.cache, checkpoint=True)
-        _ = AddReqResult
         return req, first_prefix, spent
 
 
@@ -154,16 +152,10 @@ def run(args) -> dict:
     from adapter import cpu_engine, installer
 
     cpu_engine.install_torchvision_shim()
-    installer.reset_for_tests()
-    installer.set_mode("report")
-    installer.bootstrap(environ={})
+    installer.install_in_process({})
     stock = scenario(backend=args.backend, prompts=args.prompts)
-    installer.reset_for_tests()
-    installer.bootstrap(environ={"DSV41_SWA_CONE_REPLAY": "1",
-                                 "DSV41_SWA_CONE_TOKENS": str(args.tokens)})
-    import sglang.srt.managers.schedule_policy  # noqa: F401
-    import sglang.srt.mem_cache.unified_radix_cache  # noqa: F401
-    state = installer.status()["swa_cone"]
+    state = installer.install_in_process({"DSV41_SWA_CONE_REPLAY": "1",
+                                          "DSV41_SWA_CONE_TOKENS": str(args.tokens)})["swa_cone"]
     if state.status != "installed":
         raise SystemExit(f"swa_cone did not install: {state.detail}")
     cone = scenario(backend=args.backend, prompts=args.prompts)
