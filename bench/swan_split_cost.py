@@ -249,7 +249,7 @@ def main(argv=None) -> int:
                   "times": gpu_times(m, torch, args.replays)}
     else:
         sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
-        from adapter import cpu_engine
+        from adapter.cpu import cpu_engine
 
         cpu_engine.install_torchvision_shim()
         from sglang.kernels.ops.attention import flash_mla_sm120 as m

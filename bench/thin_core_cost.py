@@ -1,7 +1,7 @@
 """What thin's Python tree core costs in scheduler time, vs the engine-default Rust core.
 
 One run, three caches with the same realistic tree, built by the same requests through the
-engine's own entry points (adapter/sims/swa_thin.py Driver): two idle sessions (330K / 300K
+engine's own entry points (adapter/tools/sims/swa_thin.py Driver): two idle sessions (330K / 300K
 tokens, 8192-token chunks + agent turns), two 500K sessions and 40 sub-agents x 3 turns on a
 shared system prompt, on the 384-tail pool (182,784 SWA slots, 3,444,224 full tokens).
   rust   : engine default, no adapter
@@ -34,8 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def build(variant: str):
-    from adapter import cpu_engine, installer
-    from adapter.sims import swa_thin as sim
+    from adapter import installer
+    from adapter.cpu import cpu_engine
+    from adapter.tools.sims import swa_thin as sim
 
     env = {"DSV41_SWA_THIN": "1"} if variant == "thin" else {}
     installer.install_in_process(env)
@@ -114,7 +115,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=9)
     args = ap.parse_args(argv)
-    from adapter import cpu_engine
+    from adapter.cpu import cpu_engine
 
     cpu_engine.install_torchvision_shim()
     import logging

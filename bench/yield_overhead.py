@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/yield_overhead.py [--calls 2000] [--json]
 
-One real Scheduler (adapter/sims/decode_yield.py `build_scheduler`: the engine's own step on the
+One real Scheduler (adapter/tools/sims/decode_yield.py `build_scheduler`: the engine's own step on the
 real UnifiedRadixCache and pools, CPU) with two streams decoding. The wrapped methods are the ones
 the production installer puts in place (installed, captured, undone); the bench then swaps the
 three class attributes between the engine's own functions and the wrapped ones before every call,
@@ -33,13 +33,13 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from adapter import cpu_engine  # noqa: E402
+from adapter.cpu import cpu_engine  # noqa: E402
 
 cpu_engine.install_torchvision_shim()
 
 from adapter import decode_yield as dy  # noqa: E402
 from adapter import installer  # noqa: E402
-from adapter.sims import decode_yield as sim  # noqa: E402
+from adapter.tools.sims import decode_yield as sim  # noqa: E402
 
 FAR = 10**9
 

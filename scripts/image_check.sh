@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
-"$PY" -m adapter.cli check --profile .env.tp4.example --line "${DSV41_PROFILE_LINE:-production}"
+"$PY" -m adapter.tools.cli check --profile .env.tp4.example --line "${DSV41_PROFILE_LINE:-production}"

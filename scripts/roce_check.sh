@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 "$PY" - <<'PYEOF'
 import sys
-from adapter import profile
+from adapter.tools import profile
 line = profile.load_line(".env.tp4.example", "production")
 need = ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX")
 missing = [k for k in need if not line.env.get(k)]

@@ -1,6 +1,6 @@
 """Test harness: the pinned engine on CPU, and in-process installs of adapters.
 
-The only stand-in is adapter/cpu_engine.py's torchvision shim (PyPI's torchvision is CUDA-linked
+The only stand-in is adapter/cpu/cpu_engine.py's torchvision shim (PyPI's torchvision is CUDA-linked
 and cannot load beside CPU torch); every engine class used here is the real one.
 """
 import os
@@ -13,7 +13,7 @@ import pytest
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from adapter import cpu_engine  # noqa: E402
+from adapter.cpu import cpu_engine  # noqa: E402
 
 cpu_engine.install_torchvision_shim()
 

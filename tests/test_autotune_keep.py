@@ -5,15 +5,15 @@ engine's own `_drop_diverged_autotune_cache` (stock, or wrapped through the prod
 then load their per-rank file or "tune". Faked, and only this: FlashInfer's tuning + save_configs
 (a small function writing a per-rank cache file in FlashInfer's layout, entries differing by rank
 as under expert parallelism) and FlashInfer's env stamp (a fixed dict); both need a GPU.
-See adapter/sims/autotune_keep.py.
+See adapter/tools/sims/autotune_keep.py.
 """
 import json
 import types
 
 import pytest
 
-from adapter.sims import autotune_keep as sim
-from adapter.sims.autotune_keep import BASE_ARGS, BASE_ENV, Boot
+from adapter.tools.sims import autotune_keep as sim
+from adapter.tools.sims.autotune_keep import BASE_ARGS, BASE_ENV, Boot
 
 
 @pytest.fixture(scope="module")

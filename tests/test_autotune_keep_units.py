@@ -6,7 +6,8 @@ import json
 from hypothesis import given, settings, strategies as st
 
 from adapter import autotune_keep as keep
-from adapter import cli, keys
+from adapter import keys
+from adapter.tools import cli
 
 STAMP = {"flashinfer_version": "0.7.2", "cuda_version": "13.0", "gpu": "NVIDIA GB10"}
 ARGV = ["launch_server", "--tp-size", "4", "--swa-prefix-tails", "384"]

@@ -4,7 +4,7 @@ import json
 from conftest import REPO_ROOT, run_python
 
 PROFILE = str(REPO_ROOT / ".env.tp4.example")
-CLI = "from adapter.cli import main; raise SystemExit(main())"
+CLI = "from adapter.tools.cli import main; raise SystemExit(main())"
 
 
 def test_production_line_installs_every_enabled_adapter_once():

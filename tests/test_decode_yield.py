@@ -3,10 +3,10 @@
 Every scheduling decision below is made by the pinned engine's own
 `Scheduler.get_next_batch_to_run`, which calls its own `_should_defer_prefill` and
 `_arm_prefill_decode_interval`, builds the real `PrefillAdder`, `ScheduleBatch` and `Req` objects
-and allocates from the real UnifiedRadixCache (FULL+SWA) and pools (adapter/cpu_engine.py). The
+and allocates from the real UnifiedRadixCache (FULL+SWA) and pools (adapter/cpu/cpu_engine.py). The
 adapter is installed through the production installer (tests/conftest.py `install_adapters`).
 
-The Scheduler is built by adapter/sims/decode_yield.py `build_scheduler` with object.__new__; its
+The Scheduler is built by adapter/tools/sims/decode_yield.py `build_scheduler` with object.__new__; its
 docstring lists every attribute set and why. In short: the interval / chunked-prefill state that
 init_chunked_prefill would set (chunked_req, prefill_decode_interval, its counter and min_bs,
 chunk size, budgets); the real cache and pools; real collaborators built without a model
@@ -33,7 +33,7 @@ from hypothesis import strategies as hs
 
 from adapter import decode_yield as dy
 from adapter import receipts
-from adapter.sims import decode_yield as sim
+from adapter.tools.sims import decode_yield as sim
 
 CHUNK = 8192
 PROMPT = 5 * CHUNK + 1000          # five full chunks and a short final one

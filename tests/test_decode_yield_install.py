@@ -2,7 +2,7 @@
 
 The children run with PYTHONPATH=<repo root> and only the given environment, so sitecustomize.py
 arms the installer exactly as in the image; each child installs the torchvision stand-in
-(adapter/cpu_engine.py) before its first engine import, as the CPU harness must.
+(adapter/cpu/cpu_engine.py) before its first engine import, as the CPU harness must.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ ROWS = ("get_next_batch_to_run", "_should_defer_prefill", "_arm_prefill_decode_i
 
 CHILD = """
 import json
-from adapter import cpu_engine
+from adapter.cpu import cpu_engine
 cpu_engine.install_torchvision_shim()
 import sglang.srt.managers.scheduler as sched
 from adapter import installer
@@ -69,7 +69,7 @@ def test_dsv41_check_installs_a_yield_line(tmp_path):
     profile.write_text(f'EXTRA_CONTAINER_ENV="{KEY}=33"\n'
                        'EXTRA_SGLANG_ARGS="--page-size 256 --chunked-prefill-size 8192 '
                        '--prefill-decode-interval 1"\n')
-    proc = subprocess.run([sys.executable, "-m", "adapter.cli", "check", "--profile", str(profile),
+    proc = subprocess.run([sys.executable, "-m", "adapter.tools.cli", "check", "--profile", str(profile),
                            "--line", "production", "--json"], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

@@ -40,7 +40,8 @@ def test_plugin_entry_point_is_registered():
 
 DRIFT_CHILD = r"""
 import ast, inspect, sys, tempfile, textwrap
-from adapter import cpu_engine, installer, pins
+from adapter import installer, pins
+from adapter.cpu import cpu_engine
 from adapter.table import hooks_of
 cpu_engine.install_torchvision_shim()
 row = hooks_of(sys.argv[1])[0]
@@ -77,7 +78,7 @@ def test_drifted_callable_refuses_and_stops_the_boot(adapter, key):
 
 ONCE_CHILD = r"""
 import importlib, sys
-from adapter import cpu_engine
+from adapter.cpu import cpu_engine
 cpu_engine.install_torchvision_shim()
 from adapter.table import hooks_of
 from adapter import pins
@@ -116,7 +117,7 @@ def test_sitecustomize_and_plugin_install_exactly_once(adapter, env):
 
 def test_plugin_path_alone_installs(tmp_path):
     """Without our sitecustomize on the path, the engine's load_plugins() installs the adapter."""
-    code = ("import sys; from adapter import cpu_engine; cpu_engine.install_torchvision_shim()\n"
+    code = ("import sys; from adapter.cpu import cpu_engine; cpu_engine.install_torchvision_shim()\n"
             "import sglang.srt.managers.scheduler as s\n"
             "assert not hasattr(sys.modules.get('sitecustomize'), 'installer')\n"
             "from sglang.srt.plugins import load_plugins; load_plugins()\n"

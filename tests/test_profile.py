@@ -4,7 +4,8 @@ import re
 
 import pytest
 
-from adapter import keys, profile
+from adapter import keys
+from adapter.tools import profile
 from adapter.table import ADAPTERS
 from conftest import REPO_ROOT
 

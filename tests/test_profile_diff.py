@@ -1,7 +1,7 @@
 """`dsv41 profile diff` on the shipped profile."""
 import json
 
-from adapter import profile, profile_diff
+from adapter.tools import profile, profile_diff
 from conftest import REPO_ROOT, run_python
 
 PROFILE = str(REPO_ROOT / ".env.tp4.example")
@@ -39,7 +39,7 @@ def test_non_volatile_env_change_retunes():
 
 
 def test_cli_json_on_the_shipped_file():
-    proc = run_python("from adapter.cli import main; raise SystemExit(main())",
+    proc = run_python("from adapter.tools.cli import main; raise SystemExit(main())",
                       argv=("profile", "diff", f"{PROFILE}:control", PROFILE, "--json"))
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)

@@ -1,5 +1,5 @@
 """`dsv41 sim all`: plots and report from the sims' JSON fields (the sims themselves have tests)."""
-from adapter.sims import all as sim_all
+from adapter.tools.sims import all as sim_all
 
 RESULTS = {
     "yield": {33: {"cadence_stock": 0.08, "cadence_yield": 0.349, "first_token_ratio": 1.414},

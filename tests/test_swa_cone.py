@@ -22,7 +22,7 @@ def _cone_env(tokens=N):
 
 
 def _setup(backend, *, evict=True, chunk=CHUNK):
-    from adapter.sims.swa_cone import Driver, build
+    from adapter.tools.sims.swa_cone import Driver, build
 
     cpu = build(60_000, 4096, backend)
     drv = Driver(cpu, chunk=chunk)
@@ -87,7 +87,7 @@ def test_lost_resume_point_plans_a_replay_of_n_tokens(install_adapters, caplog, 
         a2 = drv.adder()
         a2.add_chunked_req(req)
         drv._extend(req, req.extend_end)
-    from adapter.sims.swa_cone import _finished
+    from adapter.tools.sims.swa_cone import _finished
     req.finished_len = req.kv.kv_committed_len
     req.finished_reason = _finished()
     release_kv_cache(req, drv.cache, checkpoint=True)

@@ -20,7 +20,7 @@ def test_table_order_thin_before_cone():
 
 
 def test_check_installs_thin_yield_and_cone_together():
-    from adapter import check, profile
+    from adapter.tools import check, profile
 
     line = profile.line_from_text(" ".join(f"{k}={v}" for k, v in PRODUCTION_KEYS.items())
                                   + " --swa-prefix-tails 384")
@@ -36,11 +36,12 @@ def test_check_installs_thin_yield_and_cone_together():
 
 CHILD = r"""
 import json, sys
-from adapter import cpu_engine, installer, receipts
+from adapter import installer, receipts
+from adapter.cpu import cpu_engine
 cpu_engine.install_torchvision_shim()
 import sglang.srt.managers.scheduler, sglang.srt.managers.schedule_policy
 import sglang.srt.mem_cache.unified_radix_cache
-from adapter.sims import swa_cone as sim
+from adapter.tools.sims import swa_cone as sim
 status = {k: v.status for k, v in installer.status().items()}
 r = sim.scenario(doc_tokens=20000, prompts=60, prompt_tokens=1024, tail_tokens=2048,
                  backend="rust", full_tokens=200_000, swa_tokens=16384)

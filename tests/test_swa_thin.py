@@ -1,6 +1,6 @@
 """swa_thin on the real UnifiedRadixCache (FULL + SWA, page 256, window 128 as DSV4) with the real
 ReqToTokenPool / SWAKVPool / SWATokenToKVPoolAllocator on CPU, driven by real `Req`s through the
-engine's own cache entry points (adapter/sims/swa_thin.py Driver)."""
+engine's own cache entry points (adapter/tools/sims/swa_thin.py Driver)."""
 from __future__ import annotations
 
 import logging
@@ -8,14 +8,14 @@ from array import array
 
 import pytest
 
-from adapter.sims.swa_thin import Driver, Tokens, session
+from adapter.tools.sims.swa_thin import Driver, Tokens, session
 
 THIN = {"DSV41_SWA_THIN": "1"}
 CHUNK = 2048          # small chunks keep the tests fast; the rule does not depend on the size
 
 
 def _build(backend="python", full_pages=400, swa_pages=48, slots=6):
-    from adapter import cpu_engine
+    from adapter.cpu import cpu_engine
 
     return cpu_engine.build_swa_cache(full_tokens=256 * full_pages, swa_tokens=256 * swa_pages,
                                       backend=backend, req_slots=slots, max_context_len=256 * 200,
@@ -260,7 +260,7 @@ def test_production_path_in_a_child():
     engine would build on the Rust core gets the Python core and thin's receipt lines."""
     from conftest import run_python
 
-    code = ("from adapter import cpu_engine\n"
+    code = ("from adapter.cpu import cpu_engine\n"
             "cpu = cpu_engine.build_swa_cache(full_tokens=256 * 64, swa_tokens=256 * 16, backend='rust')\n"
             "print('CORE', type(cpu.cache.tree_core).__name__)\n")
     on = run_python(code, env=THIN)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adapter.sims.swa_thin import Driver, Tokens
+from adapter.tools.sims.swa_thin import Driver, Tokens
 
 PAGE = 256
 CHUNK = 1024
@@ -50,7 +50,7 @@ def _check_match_resident(cpu, result):
 
 
 def _run(ops, backend):
-    from adapter import cpu_engine
+    from adapter.cpu import cpu_engine
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from adapter.sims import swa_thin as sim
+from adapter.tools.sims import swa_thin as sim
 
 PAGE = 256
 N = 8192

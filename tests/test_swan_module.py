@@ -92,7 +92,7 @@ def test_missing_module_refuses_install(install_adapters, tmp_path, monkeypatch)
 
 
 def _check(env_words: str):
-    from adapter import check, profile
+    from adapter.tools import check, profile
 
     line = profile.line_from_text(env_words, name="swan-test")
     code, rows, stderr = check.run(line)

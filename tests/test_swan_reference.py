@@ -17,7 +17,7 @@ from conftest import run_python
 CHILD = r"""
 import json, os, sys
 assert os.environ.get("TRITON_INTERPRET") == "1"
-from adapter import cpu_engine
+from adapter.cpu import cpu_engine
 cpu_engine.install_torchvision_shim()
 import torch
 from sglang.kernels.ops.attention import flash_mla_sm120 as m

@@ -28,7 +28,7 @@ class _PlaceholderMeta(type):
 
     def __call__(cls, *args, **kwargs):
         raise RuntimeError(f"torchvision stand-in: {cls.__qualname__} was called; the CPU "
-                           "harness has no torchvision (see adapter/cpu_engine.py)")
+                           "harness has no torchvision (see adapter/cpu/cpu_engine.py)")
 
 
 def _placeholder(qualname: str) -> type:

@@ -81,7 +81,7 @@ def build_scheduler(*, chunk: int = CHUNK, interval: int = INTERVAL, min_bs: int
                     max_context_len: Optional[int] = None, page_size: int = PAGE,
                     backend: str = "python", mixed_chunk: bool = False, tp_rank: int = 0):
     """A real Scheduler (object.__new__) holding only what its scheduling step touches."""
-    from adapter import cpu_engine
+    from adapter.cpu import cpu_engine
 
     cpu_engine.install_torchvision_shim()
     from sglang.srt.beam_search.coordinator import BeamCoordinator
@@ -356,7 +356,8 @@ def _one_run(*, stream_ctx: int, prompt: int, chunk: int, interval: int,
 def run_ab(share: Optional[int], *, stream_ctx: int = STREAM_CONTEXT, prompt: int = PROMPT_TOKENS,
            chunk: int = CHUNK, interval: int = INTERVAL, backend: str = "rust") -> dict:
     """Stock run, then the same loop with DSV41_DECODE_YIELD=share through the installer."""
-    from adapter import cpu_engine, installer
+    from adapter import installer
+    from adapter.cpu import cpu_engine
 
     cpu_engine.install_torchvision_shim()
     import sglang.srt.managers.scheduler  # noqa: F401

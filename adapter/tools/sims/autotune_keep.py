@@ -228,7 +228,7 @@ def summarize(boots: list[Boot], runs: list[list[dict]]) -> dict:
 def prepare_engine() -> None:
     """Import the pinned engine's autotune module (CPU: with the torchvision stand-in)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from adapter import cpu_engine
+    from adapter.cpu import cpu_engine
 
     cpu_engine.install_torchvision_shim()
     __import__(ENGINE_MODULE)

@@ -12,7 +12,8 @@ import json
 import os
 import sys
 
-from adapter import keys, profile
+from adapter import keys
+from adapter.tools import profile
 from adapter.autotune_keep import launch
 
 

@@ -7,16 +7,16 @@ import json
 import sys
 
 SIMS = {  # `dsv41 sim NAME` -> module with main(argv) -> int
-    "yield": "adapter.sims.decode_yield",
-    "thin": "adapter.sims.swa_thin",
-    "cone": "adapter.sims.swa_cone",
-    "autotune": "adapter.sims.autotune_keep",
-    "all": "adapter.sims.all",
+    "yield": "adapter.tools.sims.decode_yield",
+    "thin": "adapter.tools.sims.swa_thin",
+    "cone": "adapter.tools.sims.swa_cone",
+    "autotune": "adapter.tools.sims.autotune_keep",
+    "all": "adapter.tools.sims.all",
 }
 
 
 def cmd_check(args) -> int:
-    from adapter import check, profile
+    from adapter.tools import check, profile
 
     try:
         line = profile.load_line(args.profile, args.line)
@@ -39,7 +39,8 @@ def cmd_check(args) -> int:
 
 
 def cmd_pins(args) -> int:
-    from adapter import cpu_engine, pins
+    from adapter import pins
+    from adapter.cpu import cpu_engine
 
     cpu_engine.install_torchvision_shim()
     if args.update:
@@ -79,7 +80,7 @@ def cmd_sim(args, rest) -> int:
 
 
 def cmd_profile(args) -> int:
-    from adapter import profile_diff
+    from adapter.tools import profile_diff
 
     return profile_diff.main(args)
 

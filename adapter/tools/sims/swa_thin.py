@@ -1,7 +1,7 @@
 """`dsv41 sim thin`: idle long sessions beside sub-agent turns and new 500K sessions, then resume.
 
 Everything runs on the engine's real UnifiedRadixCache (FULL + SWA) with its real ReqToTokenPool,
-SWAKVPool and SWATokenToKVPoolAllocator (adapter/cpu_engine.py), page 256, window 128 (DSV4), and
+SWAKVPool and SWATokenToKVPoolAllocator (adapter/cpu/cpu_engine.py), page 256, window 128 (DSV4), and
 real `Req` objects driven through the engine's own cache entry points in the scheduler's order:
 `match_kv_cache` on arrival, the real PrefillAdder's `add_one_req` / `add_chunked_req` for every
 pass (it locks the match; cone replay plans there), per chunk `evict_from_tree_cache` + allocation, `checkpoint_kv_cache` after every chunk (the engine's stash / post-prefill checkpoint),
@@ -42,7 +42,7 @@ POOL_LAUNCH = dict(max_running_requests=35, chunked_prefill_size=CHUNK, disable_
 
 
 def _set_server_args(**extra):
-    from adapter import cpu_engine
+    from adapter.cpu import cpu_engine
 
     cpu_engine.install_torchvision_shim()
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
@@ -52,7 +52,7 @@ def _set_server_args(**extra):
 
 def _configurator(tails: int):
     """The engine's DSV4PoolConfigurator with the attributes its SWA cap sizing reads."""
-    from adapter import cpu_engine
+    from adapter.cpu import cpu_engine
 
     cpu_engine.install_torchvision_shim()
     from sglang.srt.model_executor.pool_configurator import DSV4PoolConfigurator
@@ -327,7 +327,8 @@ def run_scenario(tails: int, environ: dict, *, backend: str = "rust", scenario: 
     Replays are counted from the cone adapter's own counters (`plans`, `replay_tokens`,
     fallback reasons): over the resume turns and over the whole run.
     """
-    from adapter import cpu_engine, installer
+    from adapter import installer
+    from adapter.cpu import cpu_engine
 
     cpu_engine.install_torchvision_shim()
     states = {n: s.status for n, s in installer.install_in_process(environ).items()
@@ -483,7 +484,7 @@ def main(argv=None) -> int:
     scenario = Scenario(subagents=args.subagents, subagent_turns=args.subagent_turns,
                         new_sessions=args.new_sessions)
 
-    from adapter import cpu_engine
+    from adapter.cpu import cpu_engine
 
     cpu_engine.install_torchvision_shim()
     import logging

@@ -15,7 +15,7 @@ import sys
 import tempfile
 
 from adapter import keys
-from adapter.profile import Line
+from adapter.tools.profile import Line
 from adapter.table import ADAPTERS, HOOKS
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -33,7 +33,7 @@ def run(line: Line) -> tuple[int, list[dict], str]:
     """Returns (child exit code, rows, child stderr)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = pathlib.Path(tmp) / "report.json"
-        proc = subprocess.run([sys.executable, "-m", "adapter.check", "--child", str(out), *line.args],
+        proc = subprocess.run([sys.executable, "-m", "adapter.tools.check", "--child", str(out), *line.args],
                               env=child_env(line), cwd=REPO_ROOT, capture_output=True, text=True)
         states = json.loads(out.read_text()) if out.exists() else {}
     rows = []
@@ -74,7 +74,8 @@ def format_table(rows: list[dict]) -> str:
 
 def _child(out_path: str) -> int:
     """Inside the child: import the engine modules of the table, report each adapter's state."""
-    from adapter import cpu_engine, installer
+    from adapter import installer
+    from adapter.cpu import cpu_engine
 
     installer.set_mode("report")
     installer.bootstrap()   # already armed by sitecustomize when a key is set; else arms nothing
@@ -90,4 +91,4 @@ def _child(out_path: str) -> int:
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "--child":
         sys.exit(_child(sys.argv[2]))
-    sys.exit("usage: python -m adapter.check --child OUT.json [launch args]  (use `dsv41 check`)")
+    sys.exit("usage: python -m adapter.tools.check --child OUT.json [launch args]  (use `dsv41 check`)")

@@ -121,7 +121,7 @@ def _finished():
 
 
 def build(full_tokens: int, swa_tokens: int, backend: str):
-    from adapter import cpu_engine
+    from adapter.cpu import cpu_engine
 
     return cpu_engine.build_swa_cache(full_tokens=full_tokens, swa_tokens=swa_tokens,
                                       page_size=PAGE, window=WINDOW, backend=backend,
@@ -149,7 +149,8 @@ def scenario(*, doc_tokens=300_000, prompts=800, prompt_tokens=1024, tail_tokens
 
 
 def run(args) -> dict:
-    from adapter import cpu_engine, installer
+    from adapter import installer
+    from adapter.cpu import cpu_engine
 
     cpu_engine.install_torchvision_shim()
     installer.install_in_process({})

@@ -31,10 +31,10 @@ def run_json(module: str, argv: list[str]) -> dict:
 
 def collect(tails: list[int], shares: list[int]) -> dict:
     return {
-        "yield": {s: run_json("adapter.sims.decode_yield", ["--share", str(s)]) for s in shares},
-        "thin": {t: run_json("adapter.sims.swa_thin", ["--tails", str(t)]) for t in tails},
-        "cone": run_json("adapter.sims.swa_cone", []),
-        "autotune": run_json("adapter.sims.autotune_keep", []),
+        "yield": {s: run_json("adapter.tools.sims.decode_yield", ["--share", str(s)]) for s in shares},
+        "thin": {t: run_json("adapter.tools.sims.swa_thin", ["--tails", str(t)]) for t in tails},
+        "cone": run_json("adapter.tools.sims.swa_cone", []),
+        "autotune": run_json("adapter.tools.sims.autotune_keep", []),
     }
 
 
