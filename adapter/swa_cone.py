@@ -22,8 +22,10 @@ Forward side (model worker, same process):
   s (request-window and late-layer-tail paths), and
 - DeepseekV4AttnBackend.init_forward_metadata_prefill gets the same floor as `swa_replay_start`
   (paged SWA path).
-Every decision reads replicated scheduler state only (tree, request, budgets): all TP ranks plan
-alike. DSV41_SWA_CONE_TEST=1 (test only) re-reads each copy and checks it byte for byte.
+Cone plans only where that forward side will run (`forward_side()`: the dsv4 prefill backend on
+CUDA, from the published server arguments); anywhere else a lost resume point gets the fallback
+line and the stock match. Every decision reads replicated state only (server arguments, tree,
+request, budgets): all TP ranks plan alike. DSV41_SWA_CONE_TEST=1 (test only) re-reads each copy and checks it byte for byte.
 """
 from __future__ import annotations
 
@@ -90,6 +92,12 @@ class Cone:
         if F is None or getattr(cache, "disable", False) or not cache.supports_swa():
             return None  # resume point intact (or nothing resident past it)
         stock = result.device_prefix_len
+        served_by = forward_side()
+        if served_by is not None:
+            receipts.fallback(ADAPTER, f"prefill attention is {served_by}, not DeepseekV4AttnBackend: "
+                                       "nothing would copy, mask and floor the replay rows; stock "
+                                       "match kept")
+            return None
         if result.host_hit_length or result.swa_host_hit_length:
             receipts.fallback(ADAPTER, "host (HiCache) hit on the match; stock match kept")
             return None
@@ -258,6 +266,26 @@ class Cone:
             fb.encoder_swa_row_floor = floor
         setattr(fb, FLOOR_ATTR, floor)
         return applied
+
+
+def forward_side() -> Optional[str]:
+    """None when cone's forward side will serve the first pass, else what serves it instead.
+
+    The replay is correct only if DeepseekV4AttnBackend (or a subclass) runs the prefill: its
+    metadata hooks copy the resident latents, mask the replay rows' writes and floor their window.
+    The engine builds that class for the `dsv4` backend on CUDA only (attention_registry: HIP and
+    NPU get classes of their own). Read from the published server arguments and the platform,
+    which every TP rank has alike: no rank decides differently.
+    """
+    from sglang.srt.layers.attention import attention_registry
+    from sglang.srt.runtime_context import attention_backends
+
+    prefill, _ = attention_backends()
+    if prefill not in ("dsv4", "compressed"):
+        return f"attention backend {prefill!r}"
+    if attention_registry._is_hip or attention_registry._is_npu:
+        return f"the {'HIP' if attention_registry._is_hip else 'NPU'} dsv4 backend"
+    return None
 
 
 def _pad_to(t, n: int):

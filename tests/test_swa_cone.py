@@ -21,10 +21,10 @@ def _cone_env(tokens=N):
     return {"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_TOKENS": str(tokens)}
 
 
-def _setup(backend, *, evict=True, chunk=CHUNK):
+def _setup(backend, *, evict=True, chunk=CHUNK, attention_backend="dsv4"):
     from adapter.tools.sims.swa_cone import Driver, build
 
-    cpu = build(60_000, 4096, backend)
+    cpu = build(60_000, 4096, backend, attention_backend=attention_backend)
     drv = Driver(cpu, chunk=chunk)
     doc = list(range(1, DOC + 1))
     drv.prefill(doc, output_tokens=[7] * 40)
@@ -152,3 +152,25 @@ def test_admission_refused_leaves_the_stock_match(install_adapters):
     adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
     assert req not in adder.can_run_list
     assert (req.prefix_len, req.last_node, req.kv.cache_protected_len) == stock
+
+
+@pytest.mark.parametrize("attention_backend", ["torch_native", "flashinfer"])
+def test_no_plan_where_the_dsv4_forward_side_cannot_run(install_adapters, caplog, attention_backend):
+    """Issue 16: on another attention backend nothing would copy, mask and floor the replay rows,
+    so a lost resume point keeps the stock match, with one fallback line naming the backend."""
+    receipts.forget("swa_cone")
+    status = install_adapters(_cone_env())
+    assert status["swa_cone"].status == "installed", status["swa_cone"].detail
+    cpu, drv, prompt = _setup("python", attention_backend=attention_backend)
+    with caplog.at_level(logging.INFO, logger="sglang.dsv41"):
+        req = _arrive(drv, prompt)
+        stock_prefix = req.prefix_len
+        assert _full_resident_end(cpu, prompt) - stock_prefix > N     # the resume point is lost
+        adder = drv.adder()
+        adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+    assert req.prefix_len == stock_prefix
+    messages = [r.getMessage() for r in caplog.records]
+    assert not [m for m in messages if " plan " in m]
+    fallbacks = [m for m in messages if "swa_cone fallback" in m]
+    assert len(fallbacks) == 1 and f"attention backend {attention_backend!r}" in fallbacks[0]
+    assert "not DeepseekV4AttnBackend" in fallbacks[0]

@@ -1,4 +1,4 @@
-"""What the pinned engine needs to import and run on a CPU machine (tests and sims only).
+"""What the pinned engine needs to import and run on a CPU machine (tests, sims, CPU servers).
 
 PyPI's torchvision is CUDA-linked and fails beside the CPU build of torch, yet engine modules on
 the scheduler's import path import it at module level (configs/deepseek_ocr.py,
@@ -72,6 +72,43 @@ def install_torchvision_shim() -> bool:
     return True
 
 
+# --- sgl_kernel: the engine's CUDA/CPU kernel package, absent here ---------------------------
+
+class _SglKernelStandIn(types.ModuleType):
+    """Top-level `sgl_kernel` only. Every name is a function that raises when called.
+
+    The CPU engine path imports it at module level (kernels/ops/kvcache/cache_move.py) but the
+    server we run never calls it. Submodules are deliberately *not* answered: the engine's own
+    `try: from sgl_kernel.x import y / except ImportError` fallbacks must keep working.
+    """
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+
+        def _called(*args, **kwargs):
+            raise RuntimeError(f"sgl_kernel stand-in: sgl_kernel.{name} was called; the CPU "
+                               "harness has no sgl_kernel (see adapter/cpu/cpu_engine.py)")
+
+        _called.__name__ = _called.__qualname__ = name
+        setattr(self, name, _called)
+        return _called
+
+
+def install_sgl_kernel_stand_in() -> bool:
+    """Put the stand-in in sys.modules unless a real sgl_kernel is importable. True if installed."""
+    current = sys.modules.get("sgl_kernel")
+    if current is not None:
+        return isinstance(current, _SglKernelStandIn)
+    if importlib.util.find_spec("sgl_kernel") is not None:
+        return False
+    module = _SglKernelStandIn("sgl_kernel")
+    module.__version__ = SHIM_VERSION
+    module.__dsv41_shim__ = True
+    sys.modules["sgl_kernel"] = module
+    return True
+
+
 # --- The real hybrid-SWA radix cache on CPU -------------------------------------------------
 
 import dataclasses  # noqa: E402
@@ -105,11 +142,13 @@ class CpuSwaCache:
 def build_swa_cache(*, full_tokens: int, swa_tokens: int, page_size: int = 256,
                     window: int = 128, backend: str = "python", req_slots: int = 16,
                     max_context_len: int | None = None, chunked_prefill_size: int | None = None,
-                    **cache_params) -> CpuSwaCache:
+                    attention_backend: str = "dsv4", **cache_params) -> CpuSwaCache:
     """Build UnifiedRadixCache(FULL, SWA) with ReqToTokenPool, SWAKVPool, SWATokenToKVPoolAllocator.
 
     KV buffers are one head of one element per layer (one SWA layer, one full layer): the tree,
-    the allocators and eviction are the engine's; only the tensors are tiny.
+    the allocators and eviction are the engine's; only the tensors are tiny. The published server
+    arguments name `attention_backend` (default dsv4: the cluster's DeepSeek-V4 backend, which
+    cone replay checks for before it plans).
     """
     install_torchvision_shim()
     import torch
@@ -121,7 +160,8 @@ def build_swa_cache(*, full_tokens: int, swa_tokens: int, page_size: int = 256,
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
-    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=page_size))
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=page_size,
+                                                    attention_backend=attention_backend))
     req_to_token_pool = ReqToTokenPool(size=req_slots, max_context_len=max_context_len or full_tokens,
                                        device="cpu", enable_memory_saver=False)
     kv_pool = SWAKVPool(size=full_tokens, size_swa=swa_tokens, page_size=page_size,

@@ -1,0 +1,237 @@
+"""A real `sglang.launch_server` on this CPU machine, with the production install path.
+
+The server runs with the repo root on PYTHONPATH (our sitecustomize.py) and the plugin entry
+point installed (pip install -e .), exactly as in the image; in front of it on PYTHONPATH is the
+CPU harness's own sitecustomize (adapter/cpu/site/), which arms the stand-ins and the
+torch_native fix and then chains to ours. Every process of the server writes its output to
+<log_dir>/<pid>.log; `process_logs()` names each pid by the engine's process title
+(sglang::scheduler_TP0, sglang::detokenizer; the launcher hosts HTTP + tokenizer manager).
+
+The server is its own process group (start_new_session): `stop()` ends the whole group, TERM
+then KILL, and waits until no live process of the group is left. Use it as a context manager or
+call stop() in a finally; a failed boot stops the group before raising.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Iterable, Mapping, Optional
+
+import psutil
+import requests
+
+from adapter.cpu import models
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+HARNESS_SITE = pathlib.Path(__file__).resolve().parent / "site"
+
+# What the engine needs to serve the tiny models on 2 CPU cores (../SPEC: "The real engine on CPU").
+CPU_ARGS = ("--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
+            "--disable-cuda-graph", "--dtype", "float32", "--max-running-requests", "8",
+            "--mem-fraction-static", "0.05", "--sleep-on-idle", "--skip-server-warmup")
+DEFAULT_ARGS = {"--max-total-tokens": "8192", "--chunked-prefill-size": "1024"}
+BOOT_TIMEOUT_S = 240.0
+
+
+class BootError(RuntimeError):
+    """The server exited or never became healthy. `.server` holds its logs and exit code."""
+
+    def __init__(self, message: str, server: "CpuServer"):
+        super().__init__(message)
+        self.server = server
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclasses.dataclass
+class CpuServer:
+    model: str                                  # "dense" | "swa" (adapter/cpu/models.py)
+    keys: Mapping[str, str] = dataclasses.field(default_factory=dict)   # DSV41_* keys
+    args: Mapping[str, Optional[str]] = dataclasses.field(default_factory=dict)  # launch args
+    name: str = ""
+    log_dir: Optional[pathlib.Path] = None
+    port: int = 0
+    proc: Optional[subprocess.Popen] = None
+    boot_s: float = 0.0
+    roles: dict = dataclasses.field(default_factory=dict)   # pid -> process title
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def returncode(self) -> Optional[int]:
+        return None if self.proc is None else self.proc.poll()
+
+    def command(self) -> list[str]:
+        merged = dict(DEFAULT_ARGS)
+        merged.update(self.args)
+        argv = [sys.executable, "-m", "sglang.launch_server", "--model-path",
+                str(models.ensure_model(self.model)), "--host", "127.0.0.1", "--port", str(self.port),
+                *CPU_ARGS]
+        for flag, value in merged.items():
+            if value is None:
+                continue
+            argv += [flag] if value == "" else [flag, str(value)]
+        return argv
+
+    def environment(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("DSV41_") and k not in ("PYTHONPATH", "SGLANG_PLUGINS")}
+        env.update({str(k): str(v) for k, v in self.keys.items()})
+        env["PYTHONPATH"] = os.pathsep.join([str(HARNESS_SITE), str(REPO_ROOT)])
+        env["SGLANG_USE_CPU_ENGINE"] = "1"
+        env["DSV41CPU_LOG_DIR"] = str(self.log_dir)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def start(self, timeout: float = BOOT_TIMEOUT_S, expect_exit: bool = False) -> "CpuServer":
+        """Boot and wait for /health. expect_exit: the boot should fail; wait for the exit instead."""
+        if self.log_dir is None:
+            self.log_dir = pathlib.Path(tempfile.mkdtemp(prefix=f"dsv41-cpu-{self.name or self.model}-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.port = self.port or free_port()
+        argv = self.command()
+        (self.log_dir / "command.txt").write_text(" ".join(argv) + "\n" + "".join(
+            f"{k}={v}\n" for k, v in sorted(self.keys.items())))
+        launcher_out = open(self.log_dir / "launcher.out", "wb")
+        began = time.monotonic()
+        self.proc = subprocess.Popen(argv, env=self.environment(), cwd=str(REPO_ROOT),
+                                     stdin=subprocess.DEVNULL, stdout=launcher_out,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        launcher_out.close()
+        try:
+            if expect_exit:
+                self.proc.wait(timeout=timeout)
+                self.boot_s = time.monotonic() - began
+                return self
+            self._wait_healthy(began + timeout)
+            self.boot_s = time.monotonic() - began
+            self._name_processes()
+            return self
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_healthy(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            code = self.proc.poll()
+            if code is not None:
+                raise BootError(f"server {self.name or self.model} exited with code {code} during "
+                                f"boot; log tail:\n{self.tail()}", self)
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(self.url + "/health", timeout=5).status_code == 200:
+                    return
+            time.sleep(0.5)
+        raise BootError(f"server {self.name or self.model} not healthy after "
+                        f"{time.monotonic() - deadline + BOOT_TIMEOUT_S:.0f}s; log tail:\n{self.tail()}", self)
+
+    def _name_processes(self) -> None:
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(self.proc.pid)
+            self.roles[root.pid] = "launcher (HTTP + tokenizer manager)"
+            for child in root.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    title = " ".join(child.cmdline()) or child.name()
+                    self.roles[child.pid] = title if title.startswith("sglang::") else child.name()
+
+    def group_alive(self) -> list[int]:
+        """Live (non-zombie) processes of the server's process group."""
+        if self.proc is None:
+            return []
+        alive = []
+        for p in psutil.process_iter(["pid", "status"]):
+            with contextlib.suppress(psutil.Error, ProcessLookupError, OSError):
+                if os.getpgid(p.pid) == self.proc.pid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                    alive.append(p.pid)
+        return alive
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """End the whole process group; return only when none of it is left."""
+        if self.proc is None:
+            return
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+            if not self.group_alive():
+                break
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and self.group_alive():
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout=0.2)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        left = self.group_alive()
+        if left:
+            raise RuntimeError(f"server {self.name or self.model}: processes {left} survived SIGKILL")
+
+    def __enter__(self) -> "CpuServer":
+        return self if self.proc is not None else self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # --- logs ----------------------------------------------------------------------------------
+
+    def process_logs(self) -> dict[str, str]:
+        """{"<role> pid N": text} for every process that wrote output, plus "launcher.out"."""
+        out = {}
+        if self.log_dir is None:
+            return out
+        for path in sorted(self.log_dir.glob("*.log")):
+            pid = int(path.stem)
+            role = self.roles.get(pid, "process")
+            out[f"{role} pid {pid}"] = path.read_text(errors="replace")
+        launcher = self.log_dir / "launcher.out"
+        if launcher.exists():
+            out["launcher.out"] = launcher.read_text(errors="replace")
+        return out
+
+    def log(self) -> str:
+        return "\n".join(self.process_logs().values())
+
+    def tail(self, n: int = 40) -> str:
+        lines = []
+        for role, text in self.process_logs().items():
+            lines += [f"[{role}] {line}" for line in text.splitlines()[-n:]]
+        return "\n".join(lines[-n:])
+
+    # --- HTTP ----------------------------------------------------------------------------------
+
+    def generate(self, input_ids: Iterable[int], max_new_tokens: int = 16, timeout: float = 300.0,
+                 **extra) -> dict:
+        """Greedy /generate on token ids, logprobs returned. Raises on an HTTP error."""
+        payload = {"input_ids": list(input_ids), "return_logprob": True,
+                   "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens,
+                                       "ignore_eos": True}}
+        payload.update(extra)
+        resp = requests.post(self.url + "/generate", json=payload, timeout=timeout)
+        resp.raise_for_status()
+        return resp.json()
+
+    def tokenize(self, text: str) -> list[int]:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(models.ensure_model(self.model)))
+        return tok.encode(text, add_special_tokens=False)
+
+
+def output_of(response: dict) -> tuple[list[int], list[float]]:
+    """(output token ids, their logprobs) from a /generate response."""
+    entries = response["meta_info"]["output_token_logprobs"]
+    return [int(e[1]) for e in entries], [float(e[0]) for e in entries]

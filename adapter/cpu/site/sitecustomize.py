@@ -1,0 +1,59 @@
+"""CPU harness sitecustomize: first on PYTHONPATH in every process of a CPU test server only.
+
+Python imports a single `sitecustomize`, so this one arms what stands in for the GPU machine and
+then runs the next sitecustomize on sys.path: the repo's own, exactly as production runs it.
+  1. DSV41CPU_LOG_DIR set: this process writes its stdout/stderr to <dir>/<pid>.log (the harness
+     names each pid's role from the engine's process titles).
+  2. the torchvision and sgl_kernel stand-ins (adapter/cpu/cpu_engine.py);
+  3. the torch_native SWA read-index fix, once its engine module imports (an engine bug in a
+     backend production never uses: adapter/cpu/torch_native_swa_fix.py).
+Failures end the process loudly: `site` would swallow them.
+"""
+import os
+import sys
+
+
+def _redirect_output(log_dir):
+    fd = os.open(os.path.join(log_dir, f"{os.getpid()}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _arm():
+    if os.environ.get("DSV41CPU_LOG_DIR"):
+        _redirect_output(os.environ["DSV41CPU_LOG_DIR"])
+    from adapter.cpu import cpu_engine, torch_native_swa_fix
+
+    cpu_engine.install_torchvision_shim()
+    cpu_engine.install_sgl_kernel_stand_in()
+    import wrapt
+
+    wrapt.register_post_import_hook(lambda module: torch_native_swa_fix.apply(), torch_native_swa_fix.MODULE)
+
+
+def _chain():
+    here = os.path.dirname(os.path.abspath(__file__))
+    for entry in sys.path:
+        path = os.path.join(entry or os.getcwd(), "sitecustomize.py")
+        if os.path.abspath(entry or os.getcwd()) != here and os.path.isfile(path):
+            import importlib.util
+
+            spec = importlib.util.spec_from_file_location("_dsv41_next_sitecustomize", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return
+
+
+try:
+    _arm()
+except BaseException:  # noqa: BLE001 - site would print one line and carry on
+    import traceback
+
+    traceback.print_exc()
+    sys.stderr.write("[dsv41-cpu] FATAL: the CPU harness sitecustomize failed (traceback above)\n")
+    sys.stderr.flush()
+    os._exit(2)
+_chain()

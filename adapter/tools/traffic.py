@@ -1,0 +1,178 @@
+"""Traffic for a real server, through its HTTP API only: what `dsv41 canary` and tests/e2e run.
+
+Prompts are token ids from a seeded generator (no tokenizer round trip), all requests greedy
+(temperature 0, ignore_eos) with logprobs, so two servers given the same sequence can be compared
+token for token:
+  - `equality_run`: a short prompt, a chunked prompt (> the chunk size), its exact repeat (cache
+    hit), a resume (prompt + output + a new turn), four concurrent prompts, the short one again;
+  - `window_resume`: (hybrid SWA) a document, concurrent traffic that evicts its sliding window
+    while its full KV stays resident, then the document plus a new turn (a lost resume point);
+  - `yield_cadence`: running streams' token rate while a long prompt prefills in chunks, over
+    their rate before it.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import json
+import random
+import threading
+import time
+from typing import Callable, Optional
+
+import requests
+
+from adapter.cpu.server import CpuServer, output_of
+
+VOCAB_LO, VOCAB_HI = 3, 1024      # token ids of the tiny models' vocabulary past the specials
+LOGPROB_TOL = 1e-4                # two stock boots agree within ~2e-6; batching moves the last bits
+
+
+def token_ids(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(VOCAB_LO, VOCAB_HI) for _ in range(n)]
+
+
+@dataclasses.dataclass
+class Record:
+    name: str
+    prompt_len: int
+    ids: list
+    logprobs: list
+    cached_tokens: int
+
+    def as_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _record(name: str, prompt: list, response: dict) -> Record:
+    ids, lps = output_of(response)
+    return Record(name, len(prompt), ids, lps, int(response["meta_info"].get("cached_tokens", 0)))
+
+
+def equality_run(server: CpuServer, chunk: int, new_tokens: int = 16) -> list[Record]:
+    """The prompt set every configuration gets, in one fixed order. `chunk`: the server's
+    --chunked-prefill-size (the chunked prompt is 2.5 chunks long)."""
+    out = []
+
+    def one(name, prompt):
+        rec = _record(name, prompt, server.generate(prompt, max_new_tokens=new_tokens))
+        out.append(rec)
+        return rec
+
+    short = token_ids(11, 40)
+    long = token_ids(12, chunk * 5 // 2)
+    one("short", short)
+    first = one("chunked", long)
+    one("cache-hit", long)
+    one("resume", long + first.ids + token_ids(13, 40))
+    batch = [token_ids(20 + i, n) for i, n in enumerate((300, chunk * 3 // 4, chunk + 200, 60))]
+    with cf.ThreadPoolExecutor(len(batch)) as pool:
+        responses = list(pool.map(lambda p: server.generate(p, max_new_tokens=new_tokens), batch))
+    out += [_record(f"concurrent-{i}", p, r) for i, (p, r) in enumerate(zip(batch, responses))]
+    one("short-again", short)
+    return out
+
+
+@dataclasses.dataclass
+class Comparison:
+    equal: int
+    total: int
+    max_logprob_diff: float
+    mismatches: list            # names of records whose ids differ or logprobs exceed LOGPROB_TOL
+
+    @property
+    def ok(self) -> bool:
+        return self.equal == self.total
+
+    def as_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def compare(reference: list[Record], other: list[Record], tol: float = LOGPROB_TOL) -> Comparison:
+    equal, worst, bad = 0, 0.0, []
+    for a, b in zip(reference, other):
+        same = a.name == b.name and a.ids == b.ids and len(a.logprobs) == len(b.logprobs)
+        diff = max((abs(x - y) for x, y in zip(a.logprobs, b.logprobs)), default=0.0)
+        worst = max(worst, diff)
+        if same and diff <= tol:
+            equal += 1
+        else:
+            bad.append(a.name)
+    if len(reference) != len(other):
+        bad.append(f"record count {len(reference)} vs {len(other)}")
+    return Comparison(equal, max(len(reference), len(other)), worst, bad)
+
+
+# --- hybrid SWA: a resume point lost to SWA eviction --------------------------------------------
+
+def window_resume(server: CpuServer, doc_tokens: int = 1300, turn_tokens: int = 44,
+                  other_tokens: int = 500, others: int = 8, new_tokens: int = 16) -> dict:
+    """Cache a document, evict its sliding window with concurrent traffic (its full KV stays),
+    resume it with a new turn. Needs a small SWA pool (--swa-full-tokens-ratio)."""
+    doc = token_ids(31, doc_tokens)
+    cold = _record("doc", doc, server.generate(doc, max_new_tokens=4))
+    traffic = [token_ids(40 + i, other_tokens) for i in range(others)]
+    with cf.ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda p: server.generate(p, max_new_tokens=4), traffic))
+    prompt = doc + token_ids(32, turn_tokens)
+    resume = _record("doc+turn", prompt, server.generate(prompt, max_new_tokens=new_tokens))
+    return {"doc": cold, "resume": resume, "prompt_len": len(prompt)}
+
+
+# --- decode yield: stream cadence during a chunked prefill --------------------------------------
+
+def _stream(url: str, prompt: list, max_new_tokens: int, stamps: list, stop: threading.Event):
+    payload = {"input_ids": prompt, "stream": True,
+               "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens,
+                                   "ignore_eos": True}}
+    seen = 0
+    with requests.post(url + "/generate", json=payload, stream=True, timeout=600) as resp:
+        resp.raise_for_status()
+        for raw in resp.iter_lines():
+            if not raw.startswith(b"data:"):
+                continue
+            body = raw[5:].strip()
+            if body == b"[DONE]":
+                break
+            done = int(json.loads(body)["meta_info"]["completion_tokens"])
+            now = time.monotonic()
+            stamps.extend([now] * (done - seen))
+            seen = done
+            if stop.is_set():
+                break
+
+
+def yield_cadence(server: CpuServer, prefill_tokens: int, streams: int = 2,
+                  warmup_s: float = 1.5, progress: Optional[Callable[[str], None]] = None) -> dict:
+    """Rate of `streams` running decode streams while a `prefill_tokens` prompt prefills in
+    chunks, over their rate in the `warmup_s` before it. Returns the figures and the long
+    prompt's completion."""
+    stop = threading.Event()
+    stamps = [[] for _ in range(streams)]
+    threads = [threading.Thread(target=_stream, daemon=True,
+                                args=(server.url, token_ids(60 + i, 32), 100_000, stamps[i], stop))
+               for i in range(streams)]
+    for t in threads:
+        t.start()
+    while sum(len(s) for s in stamps) < 20 * streams:
+        time.sleep(0.05)
+    before_start = time.monotonic()
+    time.sleep(warmup_s)
+    long_prompt = token_ids(70, prefill_tokens)
+    began = time.monotonic()
+    response = server.generate(long_prompt, max_new_tokens=1)
+    ended = time.monotonic()
+    stop.set()
+    for t in threads:
+        t.join(timeout=60)
+
+    def rate(lo, hi):
+        return sum(lo <= x < hi for s in stamps for x in s) / max(hi - lo, 1e-9)
+
+    before = rate(before_start, began)
+    during = rate(began, ended)
+    return {"prefill_tokens": prefill_tokens, "prefill_s": round(ended - began, 3),
+            "rate_before_tok_s": round(before, 2), "rate_during_tok_s": round(during, 2),
+            "cadence": round(during / before, 4) if before else None,
+            "long_prompt_completed": len(output_of(response)[0]) == 1}
