@@ -94,7 +94,7 @@ class Cone:
         stock = result.device_prefix_len
         served_by = forward_side()
         if served_by is not None:
-            receipts.fallback(ADAPTER, f"prefill attention is {served_by}, not DeepseekV4AttnBackend: "
+            receipts.fallback(ADAPTER, f"prefill attention served by {served_by}, not DeepseekV4AttnBackend: "
                                        "nothing would copy, mask and floor the replay rows; stock "
                                        "match kept")
             return None
@@ -282,7 +282,7 @@ def forward_side() -> Optional[str]:
 
     prefill, _ = attention_backends()
     if prefill not in ("dsv4", "compressed"):
-        return f"attention backend {prefill!r}"
+        return f"backend {prefill!r}"
     if attention_registry._is_hip or attention_registry._is_npu:
         return f"the {'HIP' if attention_registry._is_hip else 'NPU'} dsv4 backend"
     return None

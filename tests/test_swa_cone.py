@@ -172,5 +172,5 @@ def test_no_plan_where_the_dsv4_forward_side_cannot_run(install_adapters, caplog
     messages = [r.getMessage() for r in caplog.records]
     assert not [m for m in messages if " plan " in m]
     fallbacks = [m for m in messages if "swa_cone fallback" in m]
-    assert len(fallbacks) == 1 and f"attention backend {attention_backend!r}" in fallbacks[0]
+    assert len(fallbacks) == 1 and f"served by backend {attention_backend!r}" in fallbacks[0]
     assert "not DeepseekV4AttnBackend" in fallbacks[0]

@@ -177,3 +177,33 @@ def build_swa_cache(*, full_tokens: int, swa_tokens: int, page_size: int = 256,
                              tree_core_backend=backend, **cache_params)
     cache = UnifiedRadixCache(params)
     return CpuSwaCache(cache, allocator, kv_pool, req_to_token_pool, page_size, window)
+
+
+# --- a drifted engine callable (tests of the refusal path in a real server) -----------------
+
+def drift_callable(module, qualname: str) -> str:
+    """Replace `qualname` of the imported engine `module` with a copy whose source differs by one
+    statement (a docstring-like constant), as if the engine had changed it. Returns the new
+    source's sha256. The CPU harness applies it from DSV41CPU_DRIFT=<module>:<qualname>."""
+    import ast
+    import inspect
+    import tempfile
+    import textwrap
+
+    from adapter import pins
+
+    owner = module
+    *path, attr = qualname.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    raw = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
+    func = pins.original_callable(raw)
+    tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
+    tree.body[0].body.insert(0, ast.Expr(ast.Constant("drifted by the dsv41 CPU harness")))
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as fh:
+        fh.write("from __future__ import annotations\n" + ast.unparse(tree) + "\n")
+        path_name = fh.name
+    namespace: dict = {}
+    exec(compile(open(path_name).read(), path_name, "exec"), func.__globals__, namespace)
+    setattr(owner, attr, namespace[attr])
+    return pins.source_hash(namespace[attr])

@@ -147,7 +147,7 @@ class CpuServer:
             self.roles[root.pid] = "launcher (HTTP + tokenizer manager)"
             for child in root.children(recursive=True):
                 with contextlib.suppress(psutil.Error):
-                    title = " ".join(child.cmdline()) or child.name()
+                    title = " ".join(child.cmdline()).strip() or child.name()
                     self.roles[child.pid] = title if title.startswith("sglang::") else child.name()
 
     def group_alive(self) -> list[int]:
@@ -223,6 +223,11 @@ class CpuServer:
         resp = requests.post(self.url + "/generate", json=payload, timeout=timeout)
         resp.raise_for_status()
         return resp.json()
+
+    def flush_cache(self) -> None:
+        """Empty the radix cache (the engine's /flush_cache; only when no request is running)."""
+        resp = requests.post(self.url + "/flush_cache", timeout=60)
+        resp.raise_for_status()
 
     def tokenize(self, text: str) -> list[int]:
         from transformers import AutoTokenizer

@@ -85,6 +85,12 @@ def cmd_profile(args) -> int:
     return profile_diff.main(args)
 
 
+def cmd_canary(args) -> int:
+    from adapter.tools import canary
+
+    return canary.main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dsv41", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -93,6 +99,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--line", default="production")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_check)
+    cn = sub.add_parser("canary", help="boot a profile line and its control in a real CPU server; "
+                                       "same traffic through both; per-adapter report")
+    cn.add_argument("--profile", required=True)
+    cn.add_argument("--line", default="production")
+    cn.add_argument("--against", default="control")
+    cn.add_argument("--model", choices=["dense", "swa", "both"], default="both")
+    cn.add_argument("--json", action="store_true")
+    cn.set_defaults(func=cmd_canary)
     pn = sub.add_parser("pins", help="check (or --update) the source pins of wrapped callables")
     pn.add_argument("--update", action="store_true")
     pn.set_defaults(func=cmd_pins)

@@ -7,6 +7,8 @@ token for token:
     hit), a resume (prompt + output + a new turn), four concurrent prompts, the short one again;
   - `window_resume`: (hybrid SWA) a document, concurrent traffic that evicts its sliding window
     while its full KV stays resident, then the document plus a new turn (a lost resume point);
+  - `idle_session_resume`: (hybrid SWA) an idle session, sub-agent turns and new prompts, then
+    the idle session's next turn;
   - `yield_cadence`: running streams' token rate while a long prompt prefills in chunks, over
     their rate before it.
 """
@@ -118,6 +120,30 @@ def window_resume(server: CpuServer, doc_tokens: int = 1300, turn_tokens: int = 
     prompt = doc + token_ids(32, turn_tokens)
     resume = _record("doc+turn", prompt, server.generate(prompt, max_new_tokens=new_tokens))
     return {"doc": cold, "resume": resume, "prompt_len": len(prompt)}
+
+
+def idle_session_resume(server: CpuServer, session_tokens: int = 600, agents: int = 4, turns: int = 4,
+                        turn_tokens: int = 150, new_prompts: int = 2, new_tokens_each: int = 400) -> dict:
+    """(hybrid SWA) An idle session's resume after other traffic: a session is cached, sub-agents
+    run `turns` growing turns each (every turn moves past the previous turn's checkpoint), then
+    `new_prompts` concurrent new prompts need SWA slots; then the idle session comes back.
+    With a small SWA pool (--swa-full-tokens-ratio 0.15) the stock LRU evicts the idle session's
+    window first (it is the oldest); `cached_tokens` of its resume shows whether it survived."""
+    session = token_ids(81, session_tokens)
+    first = _record("session", session, server.generate(session, max_new_tokens=4))
+    prompts = [token_ids(90 + a, 200) for a in range(agents)]
+    for k in range(turns):
+        for a in range(agents):
+            r = server.generate(prompts[a], max_new_tokens=8)
+            prompts[a] = prompts[a] + output_of(r)[0] + token_ids(300 + 10 * k + a, turn_tokens)
+    with cf.ThreadPoolExecutor(new_prompts) as pool:
+        list(pool.map(lambda i: server.generate(token_ids(400 + i, new_tokens_each), max_new_tokens=4),
+                      range(new_prompts)))
+    prompt = session + token_ids(82, 40)
+    resume = _record("session+turn", prompt, server.generate(prompt, max_new_tokens=16))
+    agent_cached = [int(server.generate(p, max_new_tokens=2)["meta_info"]["cached_tokens"]) for p in prompts]
+    return {"session": first, "resume": resume, "session_tokens": session_tokens,
+            "agent_resume_cached": agent_cached}
 
 
 # --- decode yield: stream cadence during a chunked prefill --------------------------------------

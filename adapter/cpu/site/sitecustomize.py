@@ -6,7 +6,9 @@ then runs the next sitecustomize on sys.path: the repo's own, exactly as product
      names each pid's role from the engine's process titles).
   2. the torchvision and sgl_kernel stand-ins (adapter/cpu/cpu_engine.py);
   3. the torch_native SWA read-index fix, once its engine module imports (an engine bug in a
-     backend production never uses: adapter/cpu/torch_native_swa_fix.py).
+     backend production never uses: adapter/cpu/torch_native_swa_fix.py);
+  4. DSV41CPU_DRIFT=<module>:<qualname> (tests only): that engine callable is altered on import,
+     before our installer checks its pin.
 Failures end the process loudly: `site` would swallow them.
 """
 import os
@@ -32,6 +34,15 @@ def _arm():
     import wrapt
 
     wrapt.register_post_import_hook(lambda module: torch_native_swa_fix.apply(), torch_native_swa_fix.MODULE)
+    if os.environ.get("DSV41CPU_DRIFT"):
+        # Test of the refusal path: registered before ours, so the installer sees the drift.
+        target, _, qualname = os.environ["DSV41CPU_DRIFT"].partition(":")
+
+        def drift(module):
+            sha = cpu_engine.drift_callable(module, qualname)
+            sys.stderr.write(f"[dsv41-cpu] drifted {target}:{qualname} (sha256 {sha})\n")
+
+        wrapt.register_post_import_hook(drift, target)
 
 
 def _chain():

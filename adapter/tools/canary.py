@@ -1,0 +1,300 @@
+"""`dsv41 canary`: boot a profile line and its control line in a real SGLang server on this CPU
+machine, run the same traffic through both, and report per adapter.
+
+For each model (dense Llama-shaped, hybrid-SWA Mellum-shaped: adapter/cpu/models.py) it boots the
+control line, runs the traffic, stops it, then does the same for the chosen line
+(adapter/cpu/server.py: production install path, one process group, per-process logs). Only the
+lines' DSV41_* keys and the launch arguments that mean something on one CPU rank are used; every
+other variable and argument is listed as ignored, with the reason.
+
+Per adapter: installed (per process), receipt and fallback lines seen, T=0 equality (n of n
+records, token ids equal and logprobs within traffic.LOGPROB_TOL), the measured effect (stream
+cadence during a chunked prefill, resume cached tokens, cone plans), errors. Exit 0 only when
+every enabled adapter installed in the scheduler, outputs are equal and no request failed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import sys
+import time
+from typing import Callable, Optional
+
+from adapter import keys as key_registry
+from adapter.table import ADAPTERS
+
+# Launch arguments kept from a profile line (they mean the same on one CPU rank).
+KEPT_ARGS = {"--prefill-decode-interval", "--swa-prefix-tails", "--radix-eviction-policy",
+             "--radix-eviction-policy-config", "--max-running-requests"}
+# Why the others are dropped, by flag (anything not named: "not meaningful on the CPU harness").
+IGNORED_WHY = {
+    "--tp-size": "one CPU rank (TP 2 on CPU: tests/e2e)", "--nnodes": "one host",
+    "--page-size": "the CPU harness uses the engine's default page for torch_native",
+    "--chunked-prefill-size": "set per CPU model (MODEL_ARGS)",
+    "--dsv4-attn-backend": "no DeepSeek-V4 model or kernel on CPU",
+    "--kv-cache-dtype": "float32 on CPU", "--context-length": "the tiny models' 32K",
+    "--model-path": "the tiny CPU models", "--served-model-name": "not used",
+}
+# Per CPU model: chunk, pool sizes. Dense: 4,096-token chunks, so that the cost model plans more
+# than one decode step per chunk at share 33 / 50 (SPEC: at 256 it plans 1, like stock). SWA: a
+# small SWA pool (15 % of full) so that traffic evicts sliding windows while full KV stays.
+MODEL_ARGS = {
+    "dense": {"--chunked-prefill-size": "4096", "--max-total-tokens": "40960"},
+    "swa": {"--chunked-prefill-size": "1024", "--max-total-tokens": "8192",
+            "--swa-full-tokens-ratio": "0.15"},
+}
+CADENCE_PREFILL = {"dense": 24576}
+PROCESS_ROLES = ("launcher", "scheduler", "detokenizer")
+
+
+def split_line(line) -> tuple[dict, dict, dict]:
+    """(DSV41_* keys, kept launch args, {ignored name: why}) of a profile line."""
+    keys = {k: v for k, v in line.env.items() if k.startswith(key_registry.PREFIX)}
+    ignored = {k: "cluster environment (not read on the CPU harness)"
+               for k in line.env if not k.startswith(key_registry.PREFIX)}
+    args, words, i = {}, list(line.args), 0
+    while i < len(words):
+        flag = words[i]
+        value = ""
+        if i + 1 < len(words) and not words[i + 1].startswith("--"):
+            value = words[i + 1]
+            i += 1
+        i += 1
+        if flag in KEPT_ARGS:
+            args[flag] = value
+        else:
+            ignored[f"{flag} {value}".strip()] = IGNORED_WHY.get(flag, "not meaningful on the CPU harness")
+    return keys, args, ignored
+
+
+def config_key(model: str, keys: dict, args: dict) -> tuple:
+    return (model, tuple(sorted(keys.items())), tuple(sorted(args.items())))
+
+
+@dataclasses.dataclass
+class ConfigRun:
+    """One boot of one configuration and the traffic it served."""
+    model: str
+    keys: dict
+    args: dict
+    boot_s: float = 0.0
+    exit_code: Optional[int] = None
+    records: list = dataclasses.field(default_factory=list)      # traffic.Record
+    window: Optional[dict] = None                                 # traffic.window_resume
+    idle: Optional[dict] = None                                   # traffic.idle_session_resume
+    cadence: Optional[dict] = None                                # traffic.yield_cadence
+    logs: dict = dataclasses.field(default_factory=dict)          # "<role> pid N" -> text
+    errors: list = dataclasses.field(default_factory=list)
+    log_dir: str = ""
+
+    def lines(self, role_prefix: str = "") -> list[str]:
+        return [ln for role, text in self.logs.items() if role.startswith(role_prefix)
+                for ln in text.splitlines()]
+
+    def dsv41_lines(self, adapter: str, role_prefix: str = "") -> list[str]:
+        tag = f"[dsv41] {adapter} "
+        return [ln[ln.index(tag):] for ln in self.lines(role_prefix) if tag in ln]
+
+    def installed_in(self, adapter: str) -> dict[str, bool]:
+        out = {}
+        for role, text in self.logs.items():
+            name = _role(role)
+            if name is None:
+                continue
+            out[name] = out.get(name, False) or f"[dsv41] {adapter} installed:" in text
+        return out
+
+
+def _role(log_name: str) -> Optional[str]:
+    """'sglang::scheduler_TP1 pid 9' -> 'scheduler_TP1'; launcher/detokenizer likewise."""
+    if log_name.startswith("launcher (HTTP"):
+        return "launcher"
+    match = re.match(r"sglang::(\S+)", log_name)
+    return match.group(1) if match else None
+
+
+_ERROR_PATTERNS = ("Scheduler hit an exception", "Traceback (most recent call last)")
+
+
+def _log_errors(logs: dict) -> list[str]:
+    """Errors in the engine's own processes (the launcher's benign freeze_gc race is not one:
+    with --skip-server-warmup the engine posts /freeze_gc before uvicorn listens)."""
+    found = []
+    for role, text in logs.items():
+        if _role(role) in (None, "launcher"):
+            continue
+        found += [f"{role}: {ln.strip()[:200]}" for ln in text.splitlines()
+                  if any(p in ln for p in _ERROR_PATTERNS)]
+    return found
+
+
+def run_config(model: str, keys: dict, args: dict, *,
+               scenarios=("equality", "window", "idle", "cadence"),
+               progress: Optional[Callable[[str], None]] = None, name: str = "") -> ConfigRun:
+    """Boot, run the traffic, stop; never leaves a process behind."""
+    from adapter.cpu.server import BootError, CpuServer
+    from adapter.tools import traffic
+
+    say = progress or (lambda msg: None)
+    merged = dict(MODEL_ARGS[model])
+    merged.update(args)
+    run = ConfigRun(model, dict(keys), dict(args))
+    server = CpuServer(model, keys=keys, args=merged, name=re.sub(r"[^A-Za-z0-9_.-]+", "-", name or model))
+    began = time.monotonic()
+    try:
+        say(f"{name or model}: booting ({model} model, {len(keys)} DSV41 keys)")
+        server.start()
+        run.boot_s = round(server.boot_s, 1)
+        say(f"{name or model}: up in {run.boot_s:.0f}s; equality traffic")
+        chunk = int(merged["--chunked-prefill-size"])
+        if "equality" in scenarios:
+            run.records = traffic.equality_run(server, chunk)
+        if "window" in scenarios and model == "swa":
+            server.flush_cache()
+            say(f"{name or model}: lost-window resume")
+            run.window = traffic.window_resume(server)
+        if "idle" in scenarios and model == "swa":
+            server.flush_cache()
+            say(f"{name or model}: idle session resume after sub-agent turns")
+            run.idle = traffic.idle_session_resume(server)
+        if "cadence" in scenarios and model in CADENCE_PREFILL:
+            server.flush_cache()
+            say(f"{name or model}: stream cadence during a {CADENCE_PREFILL[model]}-token prefill")
+            run.cadence = traffic.yield_cadence(server, CADENCE_PREFILL[model])
+    except BootError as exc:
+        run.errors.append(f"boot failed: {str(exc).splitlines()[0]}")
+    except Exception as exc:  # noqa: BLE001 - a failed request is a finding, reported
+        run.errors.append(f"request failed: {type(exc).__name__}: {exc}")
+    finally:
+        server.stop()
+        run.exit_code = server.returncode
+        run.logs = server.process_logs()
+        run.log_dir = str(server.log_dir)
+        run.errors += _log_errors(run.logs)
+        say(f"{name or model}: stopped ({time.monotonic() - began:.0f}s)")
+    return run
+
+
+# --- per-adapter report ----------------------------------------------------------------------
+
+def _effect(adapter: str, line: ConfigRun, control: ConfigRun) -> dict:
+    if adapter == "decode_yield" and line.cadence and control.cadence:
+        share = line.keys.get("DSV41_DECODE_YIELD")
+        return {"cadence_control": control.cadence["cadence"], "cadence_line": line.cadence["cadence"],
+                "configured_share": int(share) / 100 if share else None,
+                "achieved_share": line.cadence["cadence"],
+                "long_prompt_completed": line.cadence["long_prompt_completed"],
+                "yield_lines": len([ln for ln in line.dsv41_lines(adapter) if "yielded" in ln])}
+    if adapter == "swa_thin" and line.idle and control.idle:
+        return {"idle_resume_cached_control": control.idle["resume"].cached_tokens,
+                "idle_resume_cached_line": line.idle["resume"].cached_tokens,
+                "idle_session_tokens": line.idle["session_tokens"]}
+    if adapter == "swa_cone":
+        out = {"plans": len([ln for ln in line.dsv41_lines(adapter) if " plan " in ln]),
+               "copies": len([ln for ln in line.dsv41_lines(adapter) if " copy " in ln])}
+        if line.window and control.window:
+            out["lost_window_resume_cached_control"] = control.window["resume"].cached_tokens
+            out["lost_window_resume_cached_line"] = line.window["resume"].cached_tokens
+        return out
+    return {}
+
+
+def _records(run: ConfigRun) -> list:
+    out = list(run.records)
+    if run.window:
+        out += [run.window["doc"], run.window["resume"]]
+    if run.idle:
+        out += [run.idle["session"], run.idle["resume"]]
+    return out
+
+
+def model_report(model: str, control: ConfigRun, line: ConfigRun) -> dict:
+    from adapter.tools import traffic
+
+    settings = key_registry.parse_env(line.keys)
+    eq = traffic.compare(_records(control), _records(line))
+    adapters = {}
+    for name in ADAPTERS:
+        enabled = settings.enabled(name)
+        lines = line.dsv41_lines(name)
+        adapters[name] = {
+            "enabled": enabled,
+            "installed": line.installed_in(name) if enabled else {},
+            "receipts": sorted({ln for ln in lines if " installed:" not in ln and " fallback:" not in ln})[:20],
+            "fallbacks": sorted({ln for ln in lines if " fallback:" in ln}),
+            "equality": f"{eq.equal} of {eq.total}",
+            "effect": _effect(name, line, control) if enabled else {},
+        }
+    errors = [f"control: {e}" for e in control.errors] + [f"line: {e}" for e in line.errors]
+    not_installed = [n for n, a in adapters.items()
+                     if a["enabled"] and not any(v for r, v in a["installed"].items() if r.startswith("scheduler"))]
+    ok = not errors and not not_installed and eq.ok and bool(line.records) and bool(control.records)
+    return {"ok": ok, "equality": eq.as_json(), "adapters": adapters, "errors": errors,
+            "not_installed": not_installed,
+            "control": {"keys": control.keys, "args": control.args, "boot_s": control.boot_s,
+                        "log_dir": control.log_dir},
+            "line": {"keys": line.keys, "args": line.args, "boot_s": line.boot_s, "log_dir": line.log_dir}}
+
+
+def format_report(report: dict) -> str:
+    out = [f"dsv41 canary: {report['profile']} line {report['line']} against {report['against']}: "
+           f"{'OK' if report['ok'] else 'FAIL'} ({report['elapsed_s']:.0f}s)"]
+    if report["ignored"]:
+        out.append("ignored on CPU: " + "; ".join(f"{k} ({v})" for k, v in report["ignored"].items()))
+    for model, m in report["models"].items():
+        eq = m["equality"]
+        out.append(f"\n[{model}] T=0 equality {eq['equal']} of {eq['total']} (max logprob diff "
+                   f"{eq['max_logprob_diff']:.2e}); boots control {m['control']['boot_s']}s, line "
+                   f"{m['line']['boot_s']}s")
+        out.append(f"  {'adapter':14s} {'installed (per process)':42s} effect / lines")
+        for name, a in m["adapters"].items():
+            if not a["enabled"]:
+                out.append(f"  {name:14s} off")
+                continue
+            inst = ", ".join(f"{r} {'yes' if v else 'no'}" for r, v in sorted(a["installed"].items()))
+            out.append(f"  {name:14s} {inst:42s} {json.dumps(a['effect']) if a['effect'] else ''}")
+            for ln in a["fallbacks"] + a["receipts"][:3]:
+                out.append(f"  {'':14s}   {ln[:150]}")
+        for e in m["errors"] + [f"{n} not installed in the scheduler" for n in m["not_installed"]]:
+            out.append(f"  ERROR {e}")
+        if eq["mismatches"]:
+            out.append(f"  outputs differ: {', '.join(eq['mismatches'])}")
+    return "\n".join(out)
+
+
+def main(args, run: Callable = run_config) -> int:
+    from adapter.tools import profile
+
+    began = time.monotonic()
+    try:
+        line = profile.load_line(args.profile, args.line)
+        control = profile.load_line(args.profile, args.against)
+        key_registry.parse_env(line.env)
+        key_registry.parse_env(control.env)
+    except (OSError, profile.ProfileError, key_registry.ConfigError) as exc:
+        print(f"dsv41 canary: {exc}", file=sys.stderr)
+        return 2
+    line_keys, line_args, ignored = split_line(line)
+    control_keys, control_args, ignored_control = split_line(control)
+    ignored.update({f"{k} (control)": v for k, v in ignored_control.items() if k not in ignored})
+    models = ["dense", "swa"] if args.model == "both" else [args.model]
+    phases = 2 * len(models)
+    step = [0]
+
+    def progress(msg: str) -> None:
+        print(f"[canary {time.monotonic() - began:5.0f}s] {msg}", file=sys.stderr, flush=True)
+
+    report = {"profile": str(args.profile), "line": args.line, "against": args.against,
+              "ignored": ignored, "models": {}}
+    for model in models:
+        runs = {}
+        for label, k, a in (("control", control_keys, control_args), ("line", line_keys, line_args)):
+            step[0] += 1
+            runs[label] = run(model, k, a, progress=progress,
+                              name=f"{step[0]}/{phases} {model} {label if label == 'control' else args.line}")
+        report["models"][model] = model_report(model, runs["control"], runs["line"])
+    report["ok"] = all(m["ok"] for m in report["models"].values())
+    report["elapsed_s"] = round(time.monotonic() - began, 1)
+    print(json.dumps(report, indent=2, default=str) if args.json else format_report(report))
+    return 0 if report["ok"] else 1
