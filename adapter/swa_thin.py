@@ -20,7 +20,8 @@ What this adapter does, and nothing more:
 - `tree_core_registry.select_tree_core_backend`: the Rust tree core (the engine default) keeps its
   SWA LRU inside the extension with no Python-side way to reorder it, so with the key set the
   engine's own backend selection returns "python" where it would return "rust" (one receipt line
-  per cache built that way). bench/thin_core_cost.py measures what the Python core costs.
+  per cache built that way). A cache without an SWA component (a dense model) keeps Rust, with a
+  fallback line: there is no SWA LRU to reorder, so the Python core would cost for nothing. bench/thin_core_cost.py measures what the Python core costs.
 
 Receipt: one line every 1024 hooked inserts with the moved / kept counts.
 """
@@ -160,12 +161,23 @@ def _checkpoint_into_tree(original, self, req, *args, **kwargs):
 
 def _select_tree_core_backend(original, params, *args, **kwargs):
     name = original(params, *args, **kwargs)
+    if name == "rust" and not _has_swa(params):
+        # Nothing to reorder in a cache without an SWA component (a dense model): keep Rust.
+        receipts.fallback(NAME, "cache has no SWA component (not a hybrid-SWA model); tree core "
+                                "and eviction order left to the engine")
+        return name
     if name == "rust":
         receipts.counters[NAME]["python_core_selected"] += 1
         receipts.line(NAME, "tree core: python instead of rust (DSV41_SWA_THIN=1 reorders the SWA "
                       "LRU, which the Rust core keeps out of Python's reach; unset the key for rust)")
         return "python"
     return name
+
+
+def _has_swa(params) -> bool:
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+    return ComponentType.SWA in tuple(getattr(params, "tree_components", None) or ())
 
 
 def _check_lru_api() -> None:

@@ -268,3 +268,29 @@ def test_production_path_in_a_child():
     assert "CORE UnifiedTreeCore" in on.stdout
     assert "swa_thin installed" in on.stderr and "tree core: python instead of rust" in on.stderr
     # (key unset: test_key_unset_leaves_the_engine_default_core, in process)
+
+
+def test_dense_cache_keeps_the_rust_core_with_a_fallback_line(install_adapters, caplog):
+    """Issue 16's audit: a cache with no SWA component has no SWA LRU to reorder, so thin leaves
+    the engine's Rust selection alone (one fallback line) instead of paying for the Python core."""
+    import logging
+
+    from adapter import receipts
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.unified_cache import tree_core_registry
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+    receipts.forget("swa_thin")
+    assert install_adapters(THIN)["swa_thin"].status == "installed"
+
+    def params(components):
+        return CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=None,
+                               page_size=1, tree_components=components, tree_core_backend="rust")
+
+    with caplog.at_level(logging.INFO, logger="sglang.dsv41"):
+        dense = tree_core_registry.select_tree_core_backend(params((ComponentType.FULL,)))
+        hybrid = tree_core_registry.select_tree_core_backend(params((ComponentType.FULL, ComponentType.SWA)))
+    assert (dense, hybrid) == ("rust", "python")
+    messages = [r.getMessage() for r in caplog.records]
+    assert [m for m in messages if "fallback: cache has no SWA component" in m]
+    assert [m for m in messages if "tree core: python instead of rust" in m]

@@ -13,6 +13,7 @@ call stop() in a finally; a failed boot stops the group before raising.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import os
@@ -24,6 +25,8 @@ import sys
 import tempfile
 import time
 from typing import Iterable, Mapping, Optional
+
+import weakref
 
 import psutil
 import requests
@@ -49,13 +52,24 @@ class BootError(RuntimeError):
         self.server = server
 
 
+_STARTED: "weakref.WeakSet[CpuServer]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    """A harness process that exits (or is interrupted) stops every server it started."""
+    for server in list(_STARTED):
+        with contextlib.suppress(Exception):
+            server.stop()
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class CpuServer:
     model: str                                  # "dense" | "swa" (adapter/cpu/models.py)
     keys: Mapping[str, str] = dataclasses.field(default_factory=dict)   # DSV41_* keys
@@ -66,6 +80,7 @@ class CpuServer:
     proc: Optional[subprocess.Popen] = None
     boot_s: float = 0.0
     roles: dict = dataclasses.field(default_factory=dict)   # pid -> process title
+    extra_env: dict = dataclasses.field(default_factory=dict)   # harness switches (DSV41CPU_*)
 
     @property
     def url(self) -> str:
@@ -94,6 +109,7 @@ class CpuServer:
         env["PYTHONPATH"] = os.pathsep.join([str(HARNESS_SITE), str(REPO_ROOT)])
         env["SGLANG_USE_CPU_ENGINE"] = "1"
         env["DSV41CPU_LOG_DIR"] = str(self.log_dir)
+        env.update(self.extra_env)
         env.setdefault("OMP_NUM_THREADS", "1")
         env["PYTHONUNBUFFERED"] = "1"
         return env
@@ -115,6 +131,7 @@ class CpuServer:
                                      stdin=subprocess.DEVNULL, stdout=launcher_out,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         launcher_out.close()
+        _STARTED.add(self)
         try:
             if expect_exit:
                 self.proc.wait(timeout=timeout)

@@ -148,25 +148,36 @@ def idle_session_resume(server: CpuServer, session_tokens: int = 600, agents: in
 
 # --- decode yield: stream cadence during a chunked prefill --------------------------------------
 
-def _stream(url: str, prompt: list, max_new_tokens: int, stamps: list, stop: threading.Event):
+def _stream(url: str, prompt: list, max_new_tokens: int, stamps: list, stop: threading.Event,
+            errors: list) -> None:
+    """Stream one greedy request; append a client timestamp per received token."""
     payload = {"input_ids": prompt, "stream": True,
                "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens,
                                    "ignore_eos": True}}
     seen = 0
-    with requests.post(url + "/generate", json=payload, stream=True, timeout=600) as resp:
-        resp.raise_for_status()
-        for raw in resp.iter_lines():
-            if not raw.startswith(b"data:"):
-                continue
-            body = raw[5:].strip()
-            if body == b"[DONE]":
-                break
-            done = int(json.loads(body)["meta_info"]["completion_tokens"])
-            now = time.monotonic()
-            stamps.extend([now] * (done - seen))
-            seen = done
-            if stop.is_set():
-                break
+    try:
+        with requests.post(url + "/generate", json=payload, stream=True, timeout=600) as resp:
+            resp.raise_for_status()
+            for raw in resp.iter_lines():
+                if not raw.startswith(b"data:"):
+                    continue
+                body = raw[5:].strip()
+                if body == b"[DONE]":
+                    break
+                event = json.loads(body)
+                if "error" in event:
+                    raise RuntimeError(f"stream error: {event['error']}")
+                done = int(event["meta_info"]["completion_tokens"])
+                now = time.monotonic()
+                stamps.extend([now] * (done - seen))
+                seen = done
+                if stop.is_set():
+                    break
+    except Exception as exc:  # noqa: BLE001 - reported by the caller
+        errors.append(f"{type(exc).__name__}: {exc}")
+
+
+STREAM_TOKENS = 6000      # enough to outlast the prefill; the KV pool holds 2 x 6K + the prompt
 
 
 def yield_cadence(server: CpuServer, prefill_tokens: int, streams: int = 2,
@@ -176,12 +187,18 @@ def yield_cadence(server: CpuServer, prefill_tokens: int, streams: int = 2,
     prompt's completion."""
     stop = threading.Event()
     stamps = [[] for _ in range(streams)]
+    errors: list = []
     threads = [threading.Thread(target=_stream, daemon=True,
-                                args=(server.url, token_ids(60 + i, 32), 100_000, stamps[i], stop))
+                                args=(server.url, token_ids(60 + i, 32), STREAM_TOKENS, stamps[i],
+                                      stop, errors))
                for i in range(streams)]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + 60
     while sum(len(s) for s in stamps) < 20 * streams:
+        if errors or time.monotonic() > deadline:
+            stop.set()
+            raise RuntimeError(f"decode streams did not start: {errors or 'no tokens in 60s'}")
         time.sleep(0.05)
     before_start = time.monotonic()
     time.sleep(warmup_s)
@@ -192,6 +209,10 @@ def yield_cadence(server: CpuServer, prefill_tokens: int, streams: int = 2,
     stop.set()
     for t in threads:
         t.join(timeout=60)
+    if errors:
+        raise RuntimeError(f"decode stream failed during the prefill: {errors}")
+    if any(len(s) >= STREAM_TOKENS for s in stamps):
+        raise RuntimeError("a decode stream finished before the prefill did: raise STREAM_TOKENS")
 
     def rate(lo, hi):
         return sum(lo <= x < hi for s in stamps for x in s) / max(hi - lo, 1e-9)

@@ -1,0 +1,102 @@
+"""Real servers: receipts per process, boot errors (bad key, drifted pin), T=0 equality with stock
+on both models for each adapter and for the production line, and no process left behind."""
+import pytest
+
+from adapter.cpu.server import BootError, CpuServer
+from adapter.tools import traffic
+
+from e2e_configs import CONFIGS, MODELS
+
+ADAPTERS = ("swan", "decode_yield", "swa_thin", "swa_cone", "autotune_keep")
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_production_line_installs_every_adapter_in_the_scheduler(boots, model):
+    run = boots.config(model, "production")
+    assert not run.errors, run.errors
+    for adapter in ADAPTERS:
+        installed = run.installed_in(adapter)
+        assert installed.get("scheduler"), (adapter, installed, run.log_dir)
+        assert not installed.get("detokenizer"), (adapter, installed)
+    # The launcher imports the scheduler's modules too (not swan's SM120 kernel module).
+    assert run.installed_in("decode_yield")["launcher"]
+    assert run.installed_in("swa_thin")["launcher"]
+    # One receipt per adapter per process that loads it: never twice (sitecustomize + plugin).
+    for adapter in ADAPTERS:
+        for role, text in run.logs.items():
+            assert text.count(f"[dsv41] {adapter} installed:") <= 1, (adapter, role)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_two_stock_boots_are_identical(boots, model):
+    """The weights are deterministic (written once as safetensors): T=0 ids and logprobs agree."""
+    first = boots.config(model, "stock")
+    again = boots.run(model, {}, {"--random-seed": "7"}, name=f"{model} stock again",
+                      scenarios=("equality",))
+    cmp = traffic.compare(first.records, again.records, tol=1e-5)
+    assert cmp.ok and cmp.total == len(first.records) > 0, cmp
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("config", ["swan", "decode_yield", "swa_thin", "swa_cone", "autotune_keep",
+                                    "production"])
+def test_t0_outputs_equal_stock(boots, model, config):
+    stock = boots.config(model, "stock")
+    run = boots.config(model, config)
+    assert not run.errors and not stock.errors, (run.errors, stock.errors)
+    keys = CONFIGS[config][0]
+    for adapter in ADAPTERS:
+        if any(k in keys for k in _keys_of(adapter)):
+            assert run.installed_in(adapter).get("scheduler"), (adapter, run.log_dir)
+    reference, other = _all_records(stock), _all_records(run)
+    cmp = traffic.compare(reference, other)
+    assert cmp.ok, (config, model, cmp)
+    names = {r.name for r in reference}
+    assert {"chunked", "cache-hit", "resume", "concurrent-0"} <= names
+    hits = {r.name: r.cached_tokens for r in stock.records}
+    assert hits["cache-hit"] > 0 and hits["resume"] > 0    # the prompt set does hit the cache
+
+
+def _keys_of(adapter):
+    from adapter import keys
+
+    return [k.name for k in keys.KEYS if k.adapter == adapter and k.enables]
+
+
+def _all_records(run):
+    out = list(run.records)
+    for scenario, names in ((run.window, ("doc", "resume")), (run.idle, ("session", "resume"))):
+        if scenario:
+            out += [scenario[n] for n in names]
+    return out
+
+
+def test_bad_key_stops_the_real_boot_with_the_key_named(tmp_path):
+    server = CpuServer("dense", keys={"DSV41_DECODE_YIELD": "abc"}, name="bad-key", log_dir=tmp_path)
+    server.start(timeout=120, expect_exit=True)
+    assert server.returncode == 2
+    text = server.log()
+    assert "DSV41_DECODE_YIELD='abc'" in text and "FATAL: configuration error" in text
+    assert server.group_alive() == []
+
+
+def test_drifted_pin_stops_the_real_boot_naming_the_key(tmp_path):
+    target = "sglang.srt.managers.scheduler:Scheduler._should_defer_prefill"
+    server = CpuServer("dense", keys={"DSV41_DECODE_YIELD": "33"}, name="drift", log_dir=tmp_path,
+                       extra_env={"DSV41CPU_DRIFT": target})
+    server.start(timeout=180, expect_exit=True)
+    text = server.log()
+    assert server.returncode == 3, server.tail()
+    assert "[dsv41-cpu] drifted " + target in text
+    fatal = [ln for ln in text.splitlines() if "FATAL" in ln]
+    assert fatal and "decode_yield refused to install" in fatal[0], fatal
+    assert "does not match its pin" in fatal[0] and "Unset DSV41_DECODE_YIELD" in fatal[0]
+    assert server.group_alive() == []
+
+
+def test_a_boot_that_times_out_leaves_no_process(tmp_path):
+    server = CpuServer("dense", name="timeout", log_dir=tmp_path)
+    with pytest.raises(BootError):
+        server.start(timeout=8)           # the scheduler is still loading: stopped mid-boot
+    assert server.returncode is not None
+    assert server.group_alive() == []
