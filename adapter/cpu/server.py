@@ -111,6 +111,13 @@ class CpuServer:
         env["DSV41CPU_LOG_DIR"] = str(self.log_dir)
         env.update(self.extra_env)
         env.setdefault("OMP_NUM_THREADS", "1")
+        tp = int(self.args.get("--tp-size") or 1)
+        if tp > 1 and "SGLANG_CPU_OMP_THREADS_BIND" not in env:
+            # The engine binds each CPU rank to one NUMA node unless told otherwise, and this
+            # machine has one: give each rank its own share of the cores instead.
+            cores = sorted(os.sched_getaffinity(0))
+            env["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(
+                ",".join(str(c) for c in cores[r::tp]) or str(cores[r % len(cores)]) for r in range(tp))
         env["PYTHONUNBUFFERED"] = "1"
         return env
 

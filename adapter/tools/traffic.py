@@ -123,12 +123,14 @@ def window_resume(server: CpuServer, doc_tokens: int = 1300, turn_tokens: int = 
 
 
 def idle_session_resume(server: CpuServer, session_tokens: int = 600, agents: int = 4, turns: int = 4,
-                        turn_tokens: int = 150, new_prompts: int = 2, new_tokens_each: int = 400) -> dict:
+                        turn_tokens: int = 150, new_prompts: int = 1, new_tokens_each: int = 900) -> dict:
     """(hybrid SWA) An idle session's resume after other traffic: a session is cached, sub-agents
     run `turns` growing turns each (every turn moves past the previous turn's checkpoint), then
-    `new_prompts` concurrent new prompts need SWA slots; then the idle session comes back.
-    With a small SWA pool (--swa-full-tokens-ratio 0.15) the stock LRU evicts the idle session's
-    window first (it is the oldest); `cached_tokens` of its resume shows whether it survived."""
+    a new 900-token prompt needs more SWA slots than are free; then the idle session comes back.
+    With a small SWA pool (--swa-full-tokens-ratio 0.15: 1,228 slots) the stock LRU evicts the
+    idle session's window first (it is the oldest); `cached_tokens` of its resume shows whether it
+    survived. One new prompt, not concurrent ones: the SWA demand must not depend on whether two
+    requests happen to share a batch (two concurrent 400-token prompts did, or did not, evict)."""
     session = token_ids(81, session_tokens)
     first = _record("session", session, server.generate(session, max_new_tokens=4))
     prompts = [token_ids(90 + a, 200) for a in range(agents)]

@@ -24,8 +24,8 @@ def test_decode_yield_stream_cadence_stock_lt_33_lt_50(boots, record_property):
 
 
 def test_swa_thin_keeps_an_idle_sessions_resume_point(boots):
-    """Hybrid SWA, small SWA pool: an idle session, four sub-agents x four growing turns, two
-    concurrent new prompts, then the idle session's next turn. Stock LRU evicts the idle
+    """Hybrid SWA, small SWA pool: an idle session, four sub-agents x four growing turns, a new
+    900-token prompt, then the idle session's next turn. Stock LRU evicts the idle
     session's window first (it is the oldest) and the resume re-prefills; thin moved the agents'
     passed checkpoints to the evict-first end, so the session resumes from cache."""
     stock = boots.config("swa", "stock").idle
