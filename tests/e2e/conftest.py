@@ -1,7 +1,7 @@
 """Session fixture of the e2e tests: `boots` (tests/e2e/e2e_configs.py), one boot per configuration."""
 import pytest
 
-from e2e_configs import Boots
+from e2e.e2e_configs import Boots
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,7 @@ e2e tests through `boots.run`)."""
 import argparse
 import json
 
-from e2e_configs import PROFILE
+from e2e.e2e_configs import PROFILE
 
 ADAPTERS = ("swan", "decode_yield", "swa_thin", "swa_cone", "autotune_keep")
 

@@ -5,7 +5,7 @@ import pytest
 from adapter.cpu.server import BootError, CpuServer
 from adapter.tools import traffic
 
-from e2e_configs import CONFIGS, MODELS
+from e2e.e2e_configs import CONFIGS, MODELS
 
 ADAPTERS = ("swan", "decode_yield", "swa_thin", "swa_cone", "autotune_keep")
 

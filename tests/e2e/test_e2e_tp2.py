@@ -4,7 +4,7 @@ import re
 
 from adapter.tools import traffic
 
-from e2e_configs import PROD_ARGS, PROD_KEYS
+from e2e.e2e_configs import PROD_ARGS, PROD_KEYS
 
 ADAPTERS = ("swan", "decode_yield", "swa_thin", "swa_cone", "autotune_keep")
 
