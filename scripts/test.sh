@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command (README, .ci/run; the canary images' last build step runs it with --ignore=tests/e2e).
+# The test command (README, .ci/run, and the canary images' last build step).
 # PYTHON defaults to the repo's .venv; the images set it to their own interpreter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
