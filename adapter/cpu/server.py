@@ -24,9 +24,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Iterable, Mapping, Optional
-
 import weakref
+from typing import Iterable, Mapping, Optional
 
 import psutil
 import requests
@@ -144,7 +143,7 @@ class CpuServer:
                 self.proc.wait(timeout=timeout)
                 self.boot_s = time.monotonic() - began
                 return self
-            self._wait_healthy(began + timeout)
+            self._wait_healthy(began, timeout)
             self.boot_s = time.monotonic() - began
             self._name_processes()
             return self
@@ -152,8 +151,8 @@ class CpuServer:
             self.stop()
             raise
 
-    def _wait_healthy(self, deadline: float) -> None:
-        while time.monotonic() < deadline:
+    def _wait_healthy(self, began: float, timeout: float) -> None:
+        while time.monotonic() < began + timeout:
             code = self.proc.poll()
             if code is not None:
                 raise BootError(f"server {self.name or self.model} exited with code {code} during "
@@ -163,7 +162,7 @@ class CpuServer:
                     return
             time.sleep(0.5)
         raise BootError(f"server {self.name or self.model} not healthy after "
-                        f"{time.monotonic() - deadline + BOOT_TIMEOUT_S:.0f}s; log tail:\n{self.tail()}", self)
+                        f"{timeout:.0f}s; log tail:\n{self.tail()}", self)
 
     def _name_processes(self) -> None:
         with contextlib.suppress(psutil.Error):
@@ -252,12 +251,6 @@ class CpuServer:
         """Empty the radix cache (the engine's /flush_cache; only when no request is running)."""
         resp = requests.post(self.url + "/flush_cache", timeout=60)
         resp.raise_for_status()
-
-    def tokenize(self, text: str) -> list[int]:
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(str(models.ensure_model(self.model)))
-        return tok.encode(text, add_special_tokens=False)
 
 
 def output_of(response: dict) -> tuple[list[int], list[float]]:

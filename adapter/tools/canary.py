@@ -45,7 +45,6 @@ MODEL_ARGS = {
             "--swa-full-tokens-ratio": "0.15"},
 }
 CADENCE_PREFILL = {"dense": 24576}
-PROCESS_ROLES = ("launcher", "scheduler", "detokenizer")
 
 
 def split_line(line) -> tuple[dict, dict, dict]:
@@ -200,7 +199,8 @@ def _effect(adapter: str, line: ConfigRun, control: ConfigRun) -> dict:
     return {}
 
 
-def _records(run: ConfigRun) -> list:
+def records_of(run: ConfigRun) -> list:
+    """Every compared record of a run: the equality set, then the scenarios' requests."""
     out = list(run.records)
     if run.window:
         out += [run.window["doc"], run.window["resume"]]
@@ -213,7 +213,7 @@ def model_report(model: str, control: ConfigRun, line: ConfigRun) -> dict:
     from adapter.tools import traffic
 
     settings = key_registry.parse_env(line.keys)
-    eq = traffic.compare(_records(control), _records(line))
+    eq = traffic.compare(records_of(control), records_of(line))
     adapters = {}
     for name in ADAPTERS:
         enabled = settings.enabled(name)
@@ -280,7 +280,7 @@ def main(args, run: Callable = run_config) -> int:
     ignored.update({f"{k} (control)": v for k, v in ignored_control.items() if k not in ignored})
     models = ["dense", "swa"] if args.model == "both" else [args.model]
     phases = 2 * len(models)
-    step = [0]
+    step = 0
 
     def progress(msg: str) -> None:
         print(f"[canary {time.monotonic() - began:5.0f}s] {msg}", file=sys.stderr, flush=True)
@@ -290,9 +290,9 @@ def main(args, run: Callable = run_config) -> int:
     for model in models:
         runs = {}
         for label, k, a in (("control", control_keys, control_args), ("line", line_keys, line_args)):
-            step[0] += 1
+            step += 1
             runs[label] = run(model, k, a, progress=progress,
-                              name=f"{step[0]}/{phases} {model} {label if label == 'control' else args.line}")
+                              name=f"{step}/{phases} {model} {label if label == 'control' else args.line}")
         report["models"][model] = model_report(model, runs["control"], runs["line"])
     report["ok"] = all(m["ok"] for m in report["models"].values())
     report["elapsed_s"] = round(time.monotonic() - began, 1)

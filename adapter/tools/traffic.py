@@ -20,7 +20,6 @@ import json
 import random
 import threading
 import time
-from typing import Callable, Optional
 
 import requests
 
@@ -183,7 +182,7 @@ STREAM_TOKENS = 6000      # enough to outlast the prefill; the KV pool holds 2 x
 
 
 def yield_cadence(server: CpuServer, prefill_tokens: int, streams: int = 2,
-                  warmup_s: float = 1.5, progress: Optional[Callable[[str], None]] = None) -> dict:
+                  warmup_s: float = 1.5) -> dict:
     """Rate of `streams` running decode streams while a `prefill_tokens` prompt prefills in
     chunks, over their rate in the `warmup_s` before it. Returns the figures and the long
     prompt's completion."""

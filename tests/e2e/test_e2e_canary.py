@@ -3,9 +3,8 @@ e2e tests through `boots.run`)."""
 import argparse
 import json
 
+from adapter.table import ADAPTERS
 from e2e.e2e_configs import PROFILE
-
-ADAPTERS = ("swan", "decode_yield", "swa_thin", "swa_cone", "autotune_keep")
 
 
 def test_canary_production_against_control_exits_0_with_the_figures(boots, capsys):

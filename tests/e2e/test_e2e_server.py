@@ -2,12 +2,12 @@
 on both models for each adapter and for the production line, and no process left behind."""
 import pytest
 
+from adapter import keys as key_registry
 from adapter.cpu.server import BootError, CpuServer
-from adapter.tools import traffic
+from adapter.table import ADAPTERS
+from adapter.tools import canary, traffic
 
 from e2e.e2e_configs import CONFIGS, MODELS
-
-ADAPTERS = ("swan", "decode_yield", "swa_thin", "swa_cone", "autotune_keep")
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -44,31 +44,17 @@ def test_t0_outputs_equal_stock(boots, model, config):
     stock = boots.config(model, "stock")
     run = boots.config(model, config)
     assert not run.errors and not stock.errors, (run.errors, stock.errors)
-    keys = CONFIGS[config][0]
+    settings = key_registry.parse_env(CONFIGS[config][0])
     for adapter in ADAPTERS:
-        if any(k in keys for k in _keys_of(adapter)):
+        if settings.enabled(adapter):
             assert run.installed_in(adapter).get("scheduler"), (adapter, run.log_dir)
-    reference, other = _all_records(stock), _all_records(run)
+    reference, other = canary.records_of(stock), canary.records_of(run)
     cmp = traffic.compare(reference, other)
     assert cmp.ok, (config, model, cmp)
     names = {r.name for r in reference}
     assert {"chunked", "cache-hit", "resume", "concurrent-0"} <= names
     hits = {r.name: r.cached_tokens for r in stock.records}
     assert hits["cache-hit"] > 0 and hits["resume"] > 0    # the prompt set does hit the cache
-
-
-def _keys_of(adapter):
-    from adapter import keys
-
-    return [k.name for k in keys.KEYS if k.adapter == adapter and k.enables]
-
-
-def _all_records(run):
-    out = list(run.records)
-    for scenario, names in ((run.window, ("doc", "resume")), (run.idle, ("session", "resume"))):
-        if scenario:
-            out += [scenario[n] for n in names]
-    return out
 
 
 def test_bad_key_stops_the_real_boot_with_the_key_named(tmp_path):

@@ -2,11 +2,10 @@
 that decided differently would hang or diverge; here both ranks log the same decisions."""
 import re
 
+from adapter.table import ADAPTERS
 from adapter.tools import traffic
 
 from e2e.e2e_configs import PROD_ARGS, PROD_KEYS
-
-ADAPTERS = ("swan", "decode_yield", "swa_thin", "swa_cone", "autotune_keep")
 
 
 def _decisions(run, rank):
