@@ -27,34 +27,40 @@ Receipt: one line every 1024 hooked inserts with the moved / kept counts.
 """
 from __future__ import annotations
 
-import collections
-
 from adapter import receipts
 
 NAME = "swa_thin"
 RECEIPT_EVERY = 1024
 
 
-class _Stats:
-    def __init__(self):
-        self.hooked = 0            # checkpoint_into_tree calls seen
-        self.passed = 0            # checkpoints whose request moved past them
-        self.moved = 0             # SWA LRU nodes moved to the evict-first end
-        self.kept = collections.Counter()   # nodes of a passed checkpoint left in place, by reason
-        self.window = [0, 0, 0]    # passed / moved / kept since the last receipt line
+# Counters live in the one counter source, receipts.counters["swa_thin"] (a Counter):
+#   hooked_inserts       checkpoint_into_tree calls seen
+#   checkpoints_passed   checkpoints whose request moved past them
+#   nodes_moved          SWA LRU nodes moved to the evict-first end
+#   kept:<reason>        nodes of a passed checkpoint left in place (in-new-window, locked, session)
+#   core:<rust|python>   one per cache built: the tree core that serves it
+#   fallback:<reason>    receipts.fallback
+KEPT = "kept:"
+_at_last_line = {"checkpoints_passed": 0, "nodes_moved": 0, "kept": 0}   # totals at the last receipt
 
 
-    def summary(self) -> dict:
-        return {"hooked_inserts": self.hooked, "passed": self.passed, "moved": self.moved,
-                "kept": dict(self.kept)}
+def counts():
+    return receipts.counters[NAME]
 
 
-stats = _Stats()
+def summary() -> dict:
+    """Thin's counts, read from receipts.counters["swa_thin"] (tests, sims, receipts)."""
+    c = counts()
+    return {"hooked_inserts": c["hooked_inserts"], "checkpoints_passed": c["checkpoints_passed"],
+            "nodes_moved": c["nodes_moved"],
+            "kept": {k[len(KEPT):]: v for k, v in sorted(c.items()) if k.startswith(KEPT)},
+            "core": {k[len("core:"):]: v for k, v in sorted(c.items()) if k.startswith("core:")}}
 
 
-def reset_stats() -> None:
-    global stats
-    stats = _Stats()
+def reset_counts() -> None:
+    """Forget thin's counters and logged-once fallback reasons (tests)."""
+    receipts.forget(NAME)
+    _at_last_line.update(checkpoints_passed=0, nodes_moved=0, kept=0)
 
 
 def _swa_lru(cache):
@@ -127,7 +133,7 @@ def move_passed_checkpoint(cache, old_id, new_id) -> tuple[int, int]:
         else:
             to_move.append(node)
             continue
-        stats.kept[reason] += 1
+        counts()[KEPT + reason] += 1
         kept += 1
     # Deepest first, so the checkpoint's oldest node ends nearest the tail (as the engine orders).
     for node in to_move:
@@ -139,24 +145,31 @@ def _checkpoint_into_tree(original, self, req, *args, **kwargs):
     lock = getattr(req, "lock", None)
     old_id = lock.node if lock is not None else None
     result = original(self, req, *args, **kwargs)
-    stats.hooked += 1
+    c = counts()
+    c["hooked_inserts"] += 1
     new_id = req.last_node
     if (old_id is not None and new_id is not None and new_id != old_id
             and not self.tree_core.is_root(old_id)):
-        moved, kept = move_passed_checkpoint(self, old_id, new_id)
-        stats.passed += 1
-        stats.moved += moved
-        stats.window[0] += 1
-        stats.window[1] += moved
-        stats.window[2] += kept
-    if stats.hooked % RECEIPT_EVERY == 0:
-        p, m, k = stats.window
-        receipts.line(NAME, "%d hooked inserts: %d checkpoints passed, %d SWA nodes moved to the "
-                      "evict-first end, %d kept (total moved %d, kept %d: %s)",
-                      stats.hooked, p, m, k, stats.moved, sum(stats.kept.values()),
-                      ", ".join(f"{r} {n}" for r, n in sorted(stats.kept.items())) or "-")
-        stats.window = [0, 0, 0]
+        moved, _ = move_passed_checkpoint(self, old_id, new_id)
+        c["checkpoints_passed"] += 1
+        c["nodes_moved"] += moved
+    if c["hooked_inserts"] % RECEIPT_EVERY == 0:
+        _receipt_line(c)
     return result
+
+
+def _receipt_line(c) -> None:
+    kept = {k[len(KEPT):]: v for k, v in sorted(c.items()) if k.startswith(KEPT)}
+    total_kept = sum(kept.values())
+    since = _at_last_line
+    receipts.line(NAME, "%d hooked inserts: %d checkpoints passed, %d SWA nodes moved to the "
+                  "evict-first end, %d kept (total moved %d, kept %d: %s)",
+                  c["hooked_inserts"], c["checkpoints_passed"] - since["checkpoints_passed"],
+                  c["nodes_moved"] - since["nodes_moved"], total_kept - since["kept"],
+                  c["nodes_moved"], total_kept,
+                  ", ".join(f"{r} {n}" for r, n in kept.items()) or "-")
+    since.update(checkpoints_passed=c["checkpoints_passed"], nodes_moved=c["nodes_moved"],
+                 kept=total_kept)
 
 
 def _select_tree_core_backend(original, params, *args, **kwargs):
@@ -165,12 +178,12 @@ def _select_tree_core_backend(original, params, *args, **kwargs):
         # Nothing to reorder in a cache without an SWA component (a dense model): keep Rust.
         receipts.fallback(NAME, "cache has no SWA component (not a hybrid-SWA model); tree core "
                                 "and eviction order left to the engine")
-        return name
-    if name == "rust":
-        receipts.counters[NAME]["python_core_selected"] += 1
+    elif name == "rust":
+        # The Rust core's SWA walk follows an LRU that no 0.5.23 binding reorders (docs/swa_thin.md).
         receipts.line(NAME, "tree core: python instead of rust (DSV41_SWA_THIN=1 reorders the SWA "
                       "LRU, which the Rust core keeps out of Python's reach; unset the key for rust)")
-        return "python"
+        name = "python"
+    counts()[f"core:{name}"] += 1
     return name
 
 

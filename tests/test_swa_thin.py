@@ -195,14 +195,37 @@ def test_receipt_line_every_1024_inserts(install_adapters, caplog, monkeypatch):
     install_adapters(THIN)
     assert swa_thin.RECEIPT_EVERY == 1024
     monkeypatch.setattr(swa_thin, "RECEIPT_EVERY", 4)
-    swa_thin.reset_stats()
+    swa_thin.reset_counts()
     cpu = _build()
     with caplog.at_level(logging.INFO, logger="sglang.dsv41"):
         _two_sessions(cpu)
     lines = [r.getMessage() for r in caplog.records if "hooked inserts" in r.getMessage()]
-    assert len(lines) == swa_thin.stats.hooked // 4 == 3
+    counts = swa_thin.summary()
+    assert len(lines) == counts["hooked_inserts"] // 4 == 3
     assert "moved to the evict-first end" in lines[0] and "kept" in lines[0]
-    assert swa_thin.stats.passed == 10 and swa_thin.stats.moved > 0
+    assert counts["checkpoints_passed"] == 10 and counts["nodes_moved"] > 0
+
+
+def test_counters_live_in_the_receipts_counter_source(install_adapters):
+    """The names another exporter reads: receipts.counters["swa_thin"] holds every count thin
+    keeps (hooked_inserts, checkpoints_passed, nodes_moved, kept:<reason>, core:<name>)."""
+    from adapter import receipts, swa_thin
+
+    install_adapters(THIN)
+    swa_thin.reset_counts()
+    cpu = _build(backend="rust")                  # switched: served by the Python core
+    _two_sessions(cpu)
+    _build(backend="python")                      # asked for python: no switch, still counted
+    c = receipts.counters["swa_thin"]
+    assert c["core:python"] == 2 and c["core:rust"] == 0
+    assert c["hooked_inserts"] == 12 and c["checkpoints_passed"] == 10   # 2 x (5 chunks + final)
+    assert c["nodes_moved"] > 0
+    kept = {k: v for k, v in c.items() if k.startswith("kept:")}
+    assert set(kept) <= {"kept:in-new-window", "kept:locked", "kept:session"} and kept
+    assert "python_core_selected" not in c
+    summary = swa_thin.summary()
+    assert summary["nodes_moved"] == c["nodes_moved"] and summary["core"] == {"python": 2}
+    assert summary["kept"] == {k[len("kept:"):]: v for k, v in kept.items()}
 
 
 def test_only_list_order_changes(install_adapters, monkeypatch):
@@ -291,6 +314,10 @@ def test_dense_cache_keeps_the_rust_core_with_a_fallback_line(install_adapters, 
         dense = tree_core_registry.select_tree_core_backend(params((ComponentType.FULL,)))
         hybrid = tree_core_registry.select_tree_core_backend(params((ComponentType.FULL, ComponentType.SWA)))
     assert (dense, hybrid) == ("rust", "python")
+    assert receipts.counters["swa_thin"]["core:rust"] == 1
+    assert receipts.counters["swa_thin"]["core:python"] == 1
+    assert receipts.counters["swa_thin"]["fallback:cache has no SWA component (not a hybrid-SWA "
+                                          "model); tree core and eviction order left to the engine"] == 1
     messages = [r.getMessage() for r in caplog.records]
     assert [m for m in messages if "fallback: cache has no SWA component" in m]
     assert [m for m in messages if "tree core: python instead of rust" in m]

@@ -335,7 +335,7 @@ def run_scenario(tails: int, environ: dict, *, backend: str = "rust", scenario: 
               if s.status != "off"}
     thin = sys.modules.get("adapter.swa_thin")
     if thin is not None:
-        thin.reset_stats()
+        thin.reset_counts()
     if full_tokens is None:
         full_tokens = next((r["full_tokens"] for r in pool_table()["rows"] if r["tails"] == tails),
                            None) or pool_full_tokens(tails)
@@ -412,7 +412,7 @@ def run_scenario(tails: int, environ: dict, *, backend: str = "rust", scenario: 
         "_subagent_cached_tokens": sum(r.cached for r in subs),
         "_subagent_prefill_tokens": sum(r.prefill for r in subs),
         "_waits": sum(r.waits for r in drv.results),
-        "_thin": thin.stats.summary() if thin is not None and states.get("swa_thin") else None,
+        "_thin": thin.summary() if thin is not None and states.get("swa_thin") else None,
         "_seconds": round(elapsed, 1),
         "_cpu_seconds": round(cpu_s, 1),
     }
