@@ -39,10 +39,16 @@ interval in step across DP ranks while the rows differ per rank, and under pipel
 the chunked request spans micro-batches: in both the yield is not applied (fallback line, stock
 interval kept). A dLLM scheduler never calls `_should_defer_prefill`: fallback too.
 
+Cost model: the cluster constants below, or the operator's own fit of their engine's scheduler
+log (`dsv41 calibrate yield`) given as DSV41_DECODE_YIELD_MODEL (six integers, CostModel's
+order); the installed line names the model in use. Every rank reads the same env.
+
 Receipts: `[dsv41] decode_yield installed: ...` at install; one line per chunked prompt that
 yielded, when it leaves chunked prefill: chunks yielded, decode steps planned and run, early ends.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from adapter import receipts
 
@@ -51,8 +57,9 @@ KEY = "DSV41_DECODE_YIELD"
 MAX_STEPS = 128
 
 # --- Cost model (integer microseconds of one TP4 forward on the cluster) ---------------------
-# The one place these constants live. Units: modelled microseconds of a forward of DeepSeek V4.1
-# Flash on the production cluster (4x DGX Spark GB10, TP4 over RoCE, fp8 KV, page 256).
+# The one place the cluster constants live (CLUSTER below). Units: modelled microseconds of a
+# forward of DeepSeek V4.1 Flash on the production cluster (4x DGX Spark GB10, TP4 over RoCE,
+# fp8 KV, page 256).
 # Where they come from (SPEC, "decode yield" and "Release evidence"):
 # - Chunk: a fixed per-forward floor, a per-token term (MoE/MLP/projections) and an attention +
 #   indexer term per (new token x visible token) pair. Fitted to the cluster's 1M needle: 969,071
@@ -62,30 +69,47 @@ MAX_STEPS = 128
 #   reads). The context term and the per-row term are guesses; the floor is fitted so that the
 #   stock loop (interval 1: one decode step per chunk) gives the cluster's measured stream rate
 #   of 0.080 of its rate before, during a cold 500K prefill beside two 300K streams.
-CHUNK_FIXED_US = 20_000          # per extend forward
-CHUNK_TOKEN_NS = 65_000          # per prompt token of the pass, nanoseconds
-CHUNK_PAIR_PS = 277              # per (new token x visible token) pair, picoseconds
-STEP_FIXED_US = 60_000           # per decode forward
-STEP_ROW_US = 3_000              # per decode row
-STEP_CTX_PS = 52_000             # per context token of the decode rows, picoseconds
+MODEL_KEY = "DSV41_DECODE_YIELD_MODEL"
 
 
-def chunk_cost_us(extend_len: int, prefix_len: int) -> int:
+class CostModel(NamedTuple):
+    """The six integer constants, in the order of DSV41_DECODE_YIELD_MODEL's value."""
+    chunk_fixed_us: int        # per extend forward
+    chunk_token_ns: int        # per prompt token of the pass, nanoseconds
+    chunk_pair_ps: int         # per (new token x visible token) pair, picoseconds
+    step_fixed_us: int         # per decode forward
+    step_row_us: int           # per decode row
+    step_ctx_ps: int           # per context token of the decode rows, picoseconds
+
+    def value(self) -> str:
+        """The key's value for this model (what `dsv41 calibrate yield` prints)."""
+        return ",".join(str(v) for v in self)
+
+
+CLUSTER = CostModel(20_000, 65_000, 277, 60_000, 3_000, 52_000)
+(CHUNK_FIXED_US, CHUNK_TOKEN_NS, CHUNK_PAIR_PS, STEP_FIXED_US, STEP_ROW_US, STEP_CTX_PS) = CLUSTER
+# Any other engine, model, chunk size or cluster: fit its own model from its scheduler log
+# (`dsv41 calibrate yield`, docs/decode_yield.md) and set DSV41_DECODE_YIELD_MODEL to it.
+
+
+def chunk_cost_us(extend_len: int, prefix_len: int, model: CostModel = CLUSTER) -> int:
     """Modelled time of one request's extend of `extend_len` tokens after `prefix_len` cached."""
     if extend_len <= 0:
         return 0
     pairs = extend_len * (prefix_len + extend_len // 2)
-    return extend_len * CHUNK_TOKEN_NS // 1000 + pairs * CHUNK_PAIR_PS // 1_000_000
+    return extend_len * model.chunk_token_ns // 1000 + pairs * model.chunk_pair_ps // 1_000_000
 
 
-def pass_cost_us(extend_lens, prefix_lens) -> int:
+def pass_cost_us(extend_lens, prefix_lens, model: CostModel = CLUSTER) -> int:
     """Modelled time of an extend pass (one forward over every request of the batch)."""
-    return CHUNK_FIXED_US + sum(chunk_cost_us(e, p) for e, p in zip(extend_lens, prefix_lens))
+    return model.chunk_fixed_us + sum(chunk_cost_us(e, p, model)
+                                      for e, p in zip(extend_lens, prefix_lens))
 
 
-def step_cost_us(rows: int, context_tokens: int) -> int:
+def step_cost_us(rows: int, context_tokens: int, model: CostModel = CLUSTER) -> int:
     """Modelled time of one decode step of `rows` rows holding `context_tokens` tokens in all."""
-    return STEP_FIXED_US + rows * STEP_ROW_US + context_tokens * STEP_CTX_PS // 1_000_000
+    return (model.step_fixed_us + rows * model.step_row_us
+            + context_tokens * model.step_ctx_ps // 1_000_000)
 
 
 def yield_steps(pct: int, pass_us: int, step_us: int, interval: int) -> int:
@@ -155,6 +179,8 @@ def install(ctx) -> str:
     if pct is None or not 1 <= pct <= 99:   # keys.py refuses these at parse time already
         raise ValueError(f"{KEY}={pct!r}: expected 1..99")
     counters = ctx.counters
+    fitted = ctx.value(MODEL_KEY)       # keys.py parsed and range-checked it at boot
+    model = CLUSTER if fitted is None else CostModel(*fitted)
 
     def arm_prefill_decode_interval(original, self, batch, *args, **kwargs):
         out = original(self, batch, *args, **kwargs)
@@ -171,7 +197,7 @@ def install(ctx) -> str:
             return out
         st = _state(self)
         st.cand_req = chunked
-        st.cand_cost = pass_cost_us(batch.extend_lens, batch.prefix_lens)
+        st.cand_cost = pass_cost_us(batch.extend_lens, batch.prefix_lens, model)
         return out
 
     def get_next_batch_to_run(original, self, *args, **kwargs):
@@ -190,7 +216,7 @@ def install(ctx) -> str:
         if len(rows) < max(1, self.prefill_decode_interval_min_bs):
             counters["lone_chunks"] += 1
             return plan
-        step = step_cost_us(len(rows), sum(r.seqlen for r in rows))
+        step = step_cost_us(len(rows), sum(r.seqlen for r in rows), model)
         steps = yield_steps(pct, cost, step, self.prefill_decode_interval)
         st.req, st.left = req, steps
         if st.log is None or st.log[0] is not req:
@@ -230,4 +256,6 @@ def install(ctx) -> str:
     ctx.around("Scheduler._should_defer_prefill", should_defer_prefill)
     return (f"{KEY}={pct}: after a non-final chunk with decode rows running, the next chunk waits "
             f"ceil({pct}/{100 - pct} x chunk cost / decode step cost) decode steps "
-            f"(>= --prefill-decode-interval, <= {MAX_STEPS}); integer cost model, no clock")
+            f"(>= --prefill-decode-interval, <= {MAX_STEPS}); integer cost model, no clock; "
+            + (f"cost model: cluster constants {CLUSTER.value()} ({MODEL_KEY} unset)" if fitted is None
+               else f"cost model: {MODEL_KEY}={model.value()} (fitted)"))

@@ -20,7 +20,7 @@ class ConfigError(Exception):
 @dataclasses.dataclass(frozen=True)
 class Key:
     name: str
-    kind: str                 # "flag" (0/1) or "int"
+    kind: str                 # "flag" (0/1), "int", or "ints" (comma-separated, one per field)
     adapter: str
     doc: str
     default: Optional[int] = None   # value when the key is unset (flags: 0 = off)
@@ -30,6 +30,7 @@ class Key:
     volatile: bool = True
     enables: bool = False     # setting this key (to non-zero) turns its adapter on
     test_only: bool = False   # never in a profile
+    fields: tuple = ()        # "ints": ((name, lo, hi), ...) in value order
 
 
 KEYS: tuple[Key, ...] = (
@@ -37,6 +38,12 @@ KEYS: tuple[Key, ...] = (
         doc="decode reads 256-token SWA pages in place (no split to 64-token pages)"),
     Key("DSV41_DECODE_YIELD", "int", "decode_yield", enables=True, lo=1, hi=99,
         doc="decode share (percent) of a chunked prefill's modelled time; unset = stock"),
+    Key("DSV41_DECODE_YIELD_MODEL", "ints", "decode_yield", fields=(
+            ("CHUNK_FIXED_US", 0, 60_000_000), ("CHUNK_TOKEN_NS", 0, 1_000_000_000),
+            ("CHUNK_PAIR_PS", 0, 1_000_000_000), ("STEP_FIXED_US", 1, 60_000_000),
+            ("STEP_ROW_US", 0, 60_000_000), ("STEP_CTX_PS", 0, 1_000_000_000)),
+        doc="decode yield's cost model fitted by `dsv41 calibrate yield`; unset = the cluster "
+            "constants"),
     Key("DSV41_SWA_THIN", "flag", "swa_thin", enables=True, default=0,
         doc="moved-past SWA checkpoints go to the evict-first end of the SWA LRU"),
     Key("DSV41_SWA_CONE_REPLAY", "flag", "swa_cone", enables=True, default=0,
@@ -72,7 +79,28 @@ def edit_distance(a: str, b: str) -> int:
     return prev[-1]
 
 
-def _parse(key: Key, raw: str) -> int:
+def _parse_ints(key: Key, raw: str) -> tuple[int, ...]:
+    names = ",".join(name for name, _, _ in key.fields)
+    parts = [p.strip() for p in raw.split(",")]
+    if len(parts) != len(key.fields):
+        raise ConfigError(f"{key.name}={raw!r}: expected {len(key.fields)} comma-separated integers "
+                          f"{names} ({key.doc})")
+    values = []
+    for text, (name, lo, hi) in zip(parts, key.fields):
+        try:
+            value = int(text, 10)
+        except ValueError:
+            raise ConfigError(f"{key.name}={raw!r}: {name}={text!r} is not an integer (expected "
+                              f"{names})") from None
+        if not lo <= value <= hi:
+            raise ConfigError(f"{key.name}={raw!r}: {name}={value} out of range {lo}..{hi}")
+        values.append(value)
+    return tuple(values)
+
+
+def _parse(key: Key, raw: str):
+    if key.kind == "ints":
+        return _parse_ints(key, raw)
     text = raw.strip().lower()
     if key.kind == "flag":
         if text in _TRUE:

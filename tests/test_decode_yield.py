@@ -339,7 +339,7 @@ def test_adapter_reads_no_clock_and_nothing_rank_local():
             imported |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             imported.add(node.module)
-    assert imported <= {"__future__", "adapter", "sglang.srt.runtime_context"}, imported
+    assert imported <= {"__future__", "typing", "adapter", "sglang.srt.runtime_context"}, imported
     names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     assert not names & {"tp_rank", "attn_tp_rank", "dp_rank", "gpu_id", "environ"}
 

@@ -77,3 +77,62 @@ def test_dsv41_check_installs_a_yield_line(tmp_path):
     row = rows["decode_yield"]
     assert row["installed"] and row["pin_ok"] and row["keys"] == {KEY: "33"}
     assert all(not r["enabled"] for name, r in rows.items() if name != "decode_yield")
+
+
+MODEL_KEY = "DSV41_DECODE_YIELD_MODEL"
+
+
+@pytest.mark.parametrize("raw, needle", [
+    ("1,2,3", "expected 6 comma-separated integers"),
+    ("20000,65000,277,60000,3000", "expected 6 comma-separated integers"),
+    ("20000,65000,abc,60000,3000,52000", "CHUNK_PAIR_PS='abc' is not an integer"),
+    ("20000,65000,277,0,3000,52000", "STEP_FIXED_US=0 out of range 1..60000000"),
+    ("-1,65000,277,60000,3000,52000", "CHUNK_FIXED_US=-1 out of range"),
+    ("20000,65000,277,60000,3000,52000,7", "expected 6 comma-separated integers"),
+    ("", "expected 6 comma-separated integers"),
+])
+def test_bad_model_values_refuse_the_boot(raw, needle):
+    with pytest.raises(keys.ConfigError, match=MODEL_KEY) as err:
+        keys.parse_env({KEY: "33", MODEL_KEY: raw})
+    assert needle in str(err.value)
+    proc = run_python("print('booted')", env={KEY: "33", MODEL_KEY: raw})
+    assert proc.returncode == 2
+    assert "booted" not in proc.stdout
+    assert MODEL_KEY in proc.stderr and needle in proc.stderr and "FATAL" in proc.stderr
+
+
+def test_model_key_is_volatile_and_parses_to_the_six_constants():
+    from adapter import decode_yield
+
+    assert MODEL_KEY in keys.volatile_keys()
+    parsed = keys.parse_env({KEY: "33", MODEL_KEY: " 0, 0,26766,1048 ,1388,576320"}).get(MODEL_KEY)
+    assert parsed == (0, 0, 26766, 1048, 1388, 576320)
+    assert keys.parse_env({KEY: "33"}).get(MODEL_KEY) is None
+    assert decode_yield.CLUSTER.value() == "20000,65000,277,60000,3000,52000"
+    assert keys.parse_env({MODEL_KEY: decode_yield.CLUSTER.value()}).get(MODEL_KEY) == decode_yield.CLUSTER
+
+
+@pytest.mark.parametrize("model, says", [
+    (None, "cost model: cluster constants 20000,65000,277,60000,3000,52000 (DSV41_DECODE_YIELD_MODEL unset)"),
+    ("0,0,26766,1048,1388,576320", "cost model: DSV41_DECODE_YIELD_MODEL=0,0,26766,1048,1388,576320 (fitted)"),
+])
+def test_installed_line_names_the_model_in_use(model, says):
+    env = {KEY: "33", **({MODEL_KEY: model} if model else {})}
+    proc = run_python(CHILD, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    receipt = [ln for ln in proc.stderr.splitlines() if "[dsv41] decode_yield installed:" in ln]
+    assert len(receipt) == 1 and says in receipt[0], proc.stderr[-3000:]
+
+
+def test_a_fitted_model_changes_the_plan_and_only_through_the_key():
+    """The same pass and rows plan other steps under another model; the cluster model is the
+    default of every cost function (the sim and the bench use it)."""
+    from adapter import decode_yield as dy
+
+    cpu = dy.CostModel(0, 0, 26766, 1048, 1388, 576320)
+    cluster_pass, cpu_pass = dy.pass_cost_us([4096], [8192]), dy.pass_cost_us([4096], [8192], cpu)
+    assert cluster_pass == dy.pass_cost_us([4096], [8192], dy.CLUSTER)
+    assert cpu_pass == 4096 * (8192 + 2048) * 26766 // 1_000_000
+    cluster_steps = dy.yield_steps(33, cluster_pass, dy.step_cost_us(2, 2000), 1)
+    cpu_steps = dy.yield_steps(33, cpu_pass, dy.step_cost_us(2, 2000, cpu), 1)
+    assert (cluster_steps, cpu_steps) == (3, 112)   # the CPU engine: a chunk is worth ~225 steps

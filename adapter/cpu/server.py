@@ -247,10 +247,16 @@ class CpuServer:
         resp.raise_for_status()
         return resp.json()
 
-    def flush_cache(self) -> None:
-        """Empty the radix cache (the engine's /flush_cache; only when no request is running)."""
-        resp = requests.post(self.url + "/flush_cache", timeout=60)
-        resp.raise_for_status()
+    def flush_cache(self, wait_s: float = 0.0) -> None:
+        """Empty the radix cache (the engine's /flush_cache; it answers 400 while a request is
+        running): retry for up to `wait_s` seconds, e.g. while aborted streams drain."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            resp = requests.post(self.url + "/flush_cache", timeout=60)
+            if resp.status_code != 400 or time.monotonic() >= deadline:
+                resp.raise_for_status()
+                return
+            time.sleep(0.5)
 
 
 def output_of(response: dict) -> tuple[list[int], list[float]]:

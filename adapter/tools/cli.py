@@ -63,7 +63,7 @@ def cmd_keys(args) -> int:
         print(json.dumps(list(names)) if args.json else "\n".join(names))
         return 0
     rows = [{"key": k.name, "adapter": k.adapter, "kind": k.kind, "default": k.default,
-             "range": [k.lo, k.hi], "volatile": k.volatile, "test_only": k.test_only, "doc": k.doc}
+             "range": [k.lo, k.hi], "fields": [list(f) for f in k.fields], "volatile": k.volatile, "test_only": k.test_only, "doc": k.doc}
             for k in keys.KEYS]
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -91,6 +91,12 @@ def cmd_canary(args) -> int:
     return canary.main(args)
 
 
+def cmd_calibrate(args) -> int:
+    from adapter.tools import calibrate
+
+    return calibrate.main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dsv41", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -107,6 +113,15 @@ def build_parser() -> argparse.ArgumentParser:
     cn.add_argument("--model", choices=["dense", "swa", "both"], default="both")
     cn.add_argument("--json", action="store_true")
     cn.set_defaults(func=cmd_canary)
+    cal = sub.add_parser("calibrate", help="fit decode yield's cost model to an engine's own "
+                                           "scheduler log; prints the DSV41_DECODE_YIELD_MODEL value")
+    cal.add_argument("what", choices=["yield"])
+    cal.add_argument("--log", action="append", required=True, help="scheduler log (repeatable)")
+    cal.add_argument("--decode-log-interval", type=int, default=None,
+                     help="the engine's --decode-log-interval when the log has no iters (default 40)")
+    cal.add_argument("--json", action="store_true")
+    cal.add_argument("--plot", default=None, help="PNG of the fit")
+    cal.set_defaults(func=cmd_calibrate)
     pn = sub.add_parser("pins", help="check (or --update) the source pins of wrapped callables")
     pn.add_argument("--update", action="store_true")
     pn.set_defaults(func=cmd_pins)

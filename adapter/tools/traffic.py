@@ -224,3 +224,31 @@ def yield_cadence(server: CpuServer, prefill_tokens: int, streams: int = 2,
             "rate_before_tok_s": round(before, 2), "rate_during_tok_s": round(during, 2),
             "cadence": round(during / before, 4) if before else None,
             "long_prompt_completed": len(output_of(response)[0]) == 1}
+
+
+# --- decode yield calibration: forwards the engine's log can time cleanly -----------------------
+
+CALIBRATION_PROMPTS = (24576, 22528)          # lone chunked prompts: chunk cost over prefix/length
+CALIBRATION_DECODE = ((1, 32), (2, 32), (4, 32), (2, 6144))   # (rows, prompt tokens) decode runs
+CALIBRATION_DECODE_TOKENS = 240               # per row: 6 decode log lines at the default interval 40
+
+
+def calibration_run(server: CpuServer, seed: int = 900) -> dict:
+    """Traffic whose scheduler log lines `dsv41 calibrate yield` can fit: each long prompt alone
+    (its chunks follow each other with no decode forward in between), then decode runs of 1, 2
+    and 4 rows and 2 long-context rows, each alone. The radix cache is flushed before each part
+    so that the decode lines' #token is the rows' own context. Returns what was sent."""
+    sent = {"prompts": [], "decode": []}
+    for i, n in enumerate(CALIBRATION_PROMPTS):
+        server.flush_cache(wait_s=60)
+        server.generate(token_ids(seed + i, n), max_new_tokens=1)
+        sent["prompts"].append(n)
+    for j, (rows, prompt_tokens) in enumerate(CALIBRATION_DECODE):
+        server.flush_cache(wait_s=60)
+        prompts = [token_ids(seed + 100 + 10 * j + r, prompt_tokens) for r in range(rows)]
+        with cf.ThreadPoolExecutor(rows) as pool:
+            list(pool.map(lambda p: server.generate(p, max_new_tokens=CALIBRATION_DECODE_TOKENS),
+                          prompts))
+        sent["decode"].append({"rows": rows, "prompt_tokens": prompt_tokens,
+                               "new_tokens": CALIBRATION_DECODE_TOKENS})
+    return sent
