@@ -57,12 +57,17 @@ def test_t0_outputs_equal_stock(boots, model, config):
     assert hits["cache-hit"] > 0 and hits["resume"] > 0    # the prompt set does hit the cache
 
 
-def test_bad_key_stops_the_real_boot_with_the_key_named(tmp_path):
-    server = CpuServer("dense", keys={"DSV41_DECODE_YIELD": "abc"}, name="bad-key", log_dir=tmp_path)
+@pytest.mark.parametrize("keys, needle", [
+    ({"DSV41_DECODE_YIELD": "abc"}, "DSV41_DECODE_YIELD='abc'"),
+    ({"DSV41_DECODE_YIELD": "33", "DSV41_DECODE_YIELD_MODEL": "20000,65000,277,0,3000,52000"},
+     "DSV41_DECODE_YIELD_MODEL='20000,65000,277,0,3000,52000': STEP_FIXED_US=0 out of range"),
+])
+def test_bad_key_stops_the_real_boot_with_the_key_named(tmp_path, keys, needle):
+    server = CpuServer("dense", keys=keys, name="bad-key", log_dir=tmp_path)
     server.start(timeout=120, expect_exit=True)
     assert server.returncode == 2
     text = server.log()
-    assert "DSV41_DECODE_YIELD='abc'" in text and "FATAL: configuration error" in text
+    assert needle in text and "FATAL: configuration error" in text
     assert server.group_alive() == []
 
 
