@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--line", default="production")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=cmd_profile)
+    from adapter.tools.gate.cli import add_parser as add_gate_parser  # `dsv41 gate run|verdict|boot`
+
+    add_gate_parser(sub)
     return p
 
 

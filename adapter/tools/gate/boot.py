@@ -1,0 +1,120 @@
+"""`dsv41 gate boot`: an A/B/A on this CPU machine in one command.
+
+Boots the profile's control line (label A), its candidate line (B), the control line again (A2),
+one at a time, each a real `sglang.launch_server` (adapter/cpu/server.py: CpuServer), and runs
+`gate run` against each; then `gate verdict`. Only a line's DSV41_* keys and the launch args that
+mean the same on one CPU rank are used (adapter/tools/canary.py: split_line), over the CPU
+model's args (canary.MODEL_ARGS) and the gate's own (`GATE_ARGS`). A label already measured in
+full under the run id is not booted again (resume).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import re
+import sys
+import time
+from typing import Optional
+
+from adapter.tools.gate import cells as C
+from adapter.tools.gate import run as gate_run
+
+# The speed floor of the verdict on this harness: 2 cores shared with other jobs swing a boot's
+# tokens/s by up to ~2x (measured: controls 196 / 104 tok/s at load 6.6), so the CPU gate catches
+# only gross regressions (a candidate below 0.35 x the controls' mean; the planted step delay is ~9x).
+CPU_SPEED_FLOOR = 0.65
+# The same on all three boots: a 8K context (cells sized from it stay small on 2 cores; a 16K pool
+# that the resume cell can evict in about a second), a chat template (the tiny tokenizer has none),
+# cached_tokens in `usage`, one token per stream event (timestamps that do not lag), /metrics for
+# the soak's sampler.
+GATE_ARGS = {"--context-length": "8192", "--max-total-tokens": "16384", "--chat-template": "chatml",
+             "--enable-cache-report": "", "--incremental-streaming-output": "", "--enable-metrics": ""}
+
+
+def server_args(model: str, args: dict) -> dict:
+    """The CPU model's args, the gate's, then the line's. One served model name on every boot (the
+    verdict refuses to compare boots that served different names)."""
+    from adapter.tools import canary
+
+    merged = dict(canary.MODEL_ARGS[model])
+    merged.update(GATE_ARGS)
+    merged["--served-model-name"] = f"dsv41-cpu-{model}"
+    merged.update(args)
+    return merged
+
+
+def boot_and_run(label: str, model: str, keys: dict, args: dict, out: str, run_id: str,
+                 suite: str = "quick", extra_env: Optional[dict] = None, progress: bool = True,
+                 model_path: Optional[str] = None) -> dict:
+    """Boot one configuration, gate it, stop it (whole process group, even on failure).
+
+    extra_env: harness switches (DSV41CPU_*, e.g. the planted step delay); model_path: another
+    model directory of the same shape served under the same name (tests: other weights)."""
+    from adapter.cpu.server import CpuServer
+
+    label_dir = gate_run.pathlib.Path(out) / run_id / label
+    record = {"label": label, "model": model, "keys": dict(keys), "args": dict(args),
+              "extra_env": dict(extra_env or {}), "label_dir": str(label_dir)}
+    if gate_run.label_complete(label_dir):
+        record["skipped"] = "measured already"
+        return record
+    launch = server_args(model, args)
+    if model_path:
+        launch["--model-path"] = str(model_path)      # after the harness's own: the last one wins
+        record["model_path"] = str(model_path)
+    server = CpuServer(model, keys=keys, args=launch, extra_env=dict(extra_env or {}),
+                       name=re.sub(r"[^A-Za-z0-9_.-]+", "-", f"gate-{label}"))
+    try:
+        server.start()
+        record["boot_s"] = round(server.boot_s, 1)
+        began = time.monotonic()
+        gate_run.run_gate(server.url, label, out, suite=suite, run_id=run_id, progress=progress)
+        record["measure_s"] = round(time.monotonic() - began, 1)
+    finally:
+        server.stop()
+        record["log_dir"] = str(server.log_dir)
+    (label_dir / "boot.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return record
+
+
+def main(args) -> int:
+    from adapter import keys as key_registry
+    from adapter.cpu.server import BootError
+    from adapter.tools import canary, profile
+    from adapter.tools.gate import verdict
+
+    try:
+        control = profile.load_line(args.profile, args.control)
+        candidate = profile.load_line(args.profile, args.candidate)
+        key_registry.parse_env(control.env)
+        key_registry.parse_env(candidate.env)
+    except (OSError, profile.ProfileError, key_registry.ConfigError) as exc:
+        print(f"dsv41 gate boot: {exc}", file=sys.stderr)
+        return 2
+    ctrl_keys, ctrl_args, _ = canary.split_line(control)
+    cand_keys, cand_args, _ = canary.split_line(candidate)
+    run_id = args.run_id or datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    boots = []
+    try:
+        for label, k, a in (("A", ctrl_keys, ctrl_args), ("B", cand_keys, cand_args), ("A2", ctrl_keys, ctrl_args)):
+            print(f"[gate boot] {label}: {args.control if label != 'B' else args.candidate} line, "
+                  f"{args.model} model", file=sys.stderr, flush=True)
+            boots.append(boot_and_run(label, args.model, k, a, args.out, run_id, suite=args.suite))
+    except (C.GateError, BootError) as exc:
+        print(f"dsv41 gate boot: {exc}", file=sys.stderr)
+        return 2
+    for b in boots:
+        print(f"[gate boot] {b['label']}: " + (b.get("skipped") or f"boot {b['boot_s']}s, measured "
+                                                 f"{b['measure_s']}s"), file=sys.stderr)
+    floor = CPU_SPEED_FLOOR if args.speed_floor is None else args.speed_floor
+    return verdict.main(verdict_args(gate_run.pathlib.Path(args.out) / run_id, "A,B,A2", args.json, floor,
+                                     **{k: getattr(args, k, None) for k in ("kld_long", "kld_short", "t1_alpha",
+                                                                            "max_excluded")}))
+
+
+def verdict_args(run_dir, order: str, as_json: bool, speed_floor: Optional[float] = None, **thresholds):
+    import argparse
+
+    fields = dict(kld_long=None, kld_short=None, t1_alpha=None, max_excluded=None)
+    fields.update(thresholds)
+    return argparse.Namespace(run_dir=str(run_dir), order=order, json=as_json, speed_floor=speed_floor, **fields)

@@ -1,0 +1,68 @@
+"""The `dsv41 gate` argparse block (adapter/tools/cli.py adds it): run, verdict, boot."""
+from __future__ import annotations
+
+import argparse
+
+
+def _run(args) -> int:
+    from adapter.tools.gate import run
+
+    return run.main(args)
+
+
+def _verdict(args) -> int:
+    from adapter.tools.gate import verdict
+
+    return verdict.main(args)
+
+
+def _boot(args) -> int:
+    from adapter.tools.gate import boot
+
+    return boot.main(args)
+
+
+def _thresholds(p: argparse.ArgumentParser, speed_floor_help: str, speed_floor=None) -> None:
+    p.add_argument("--speed-floor", type=float, default=speed_floor, help=speed_floor_help)
+    p.add_argument("--kld-long", type=float, default=None,
+                   help="KL reference of the long prompt (default 0.00677, the cluster's accepted run)")
+    p.add_argument("--kld-short", type=float, default=None,
+                   help="KL reference of the short prompts (default 0.0045)")
+    p.add_argument("--t1-alpha", type=float, default=None,
+                   help="family-wise level of the T=1 tests (default 0.01, Bonferroni over prompts)")
+    p.add_argument("--max-excluded", type=int, default=None,
+                   help="T=0 prompts on which the controls may differ (default 10%% of them, at least 1)")
+    p.add_argument("--json", action="store_true")
+
+
+def add_parser(sub) -> None:
+    from adapter.tools.gate.cells import SUITES
+
+    g = sub.add_parser("gate", help="the A/B/A release gate against OpenAI-compatible servers (docs/gate.md)")
+    gs = g.add_subparsers(dest="gate_command", required=True)
+    r = gs.add_parser("run", help="measure one boot: every cell into <out>/<run-id>/<label>/ (resumable)")
+    r.add_argument("--endpoint", required=True, help="server URL, e.g. http://head:30000 (or .../v1)")
+    r.add_argument("--label", required=True, help="this boot's label, e.g. A, B, A2")
+    r.add_argument("--out", required=True, help="runs directory, e.g. runs/")
+    r.add_argument("--suite", choices=sorted(SUITES), default="quick")
+    r.add_argument("--model", default=None, help="served model name (default: the first /v1/models lists)")
+    r.add_argument("--run-id", default=None, help="run id (default: today's UTC date, YYYYMMDD)")
+    r.add_argument("--context-length", type=int, default=None,
+                   help="when the server reports none in /v1/models")
+    r.set_defaults(func=_run)
+    v = gs.add_parser("verdict", help="PASS / KILL / INVALID of control,candidate,control; report.md + PNGs")
+    v.add_argument("run_dir", help="runs/<run-id>")
+    v.add_argument("--order", default="A,B,A2", help="control,candidate,control labels (default A,B,A2)")
+    _thresholds(v, "relative speed noise assumed at least (default 0.03; CPU harness: 0.65)")
+    v.set_defaults(func=_verdict)
+    b = gs.add_parser("boot", help="CPU harness: boot control / candidate / control lines of a profile "
+                                   "in turn, gate each, judge")
+    b.add_argument("--profile", required=True)
+    b.add_argument("--control", default="control", help="control line (default control)")
+    b.add_argument("--candidate", default="production", help="candidate line (default production)")
+    b.add_argument("--model", choices=["dense", "swa"], default="dense")
+    b.add_argument("--suite", choices=sorted(SUITES), default="quick")
+    b.add_argument("--out", required=True, help="runs directory (outside the repo, e.g. $TMPDIR/gate-runs)")
+    b.add_argument("--run-id", default=None, help="run id (default: UTC date-time); an existing one resumes")
+    _thresholds(b, "relative speed noise assumed at least (default 0.65 on the shared-CPU harness)")
+    b.set_defaults(func=_boot)
