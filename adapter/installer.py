@@ -22,7 +22,7 @@ import sys
 import traceback
 from typing import Callable, Optional
 
-from adapter import keys, receipts
+from adapter import keys, metrics, receipts
 from adapter.table import ADAPTERS, HOOKS, Hook, hooks_of, install_groups, modules_of
 
 EXIT_CONFIG = 2
@@ -190,7 +190,9 @@ def _install_group(group: tuple[str, ...]) -> None:
             continue
         owner, attr, raw = pins.resolve(row)
         _state.applied.setdefault(row.target, (owner, attr, raw))
-        HookRegistry.register(row.target, ctx.hooks[row.target], HookType.AROUND,
+        # metrics.watch: the hook's first call after the engine published its config settles
+        # whether this process exports dsv41_* series (adapter/metrics.py).
+        HookRegistry.register(row.target, metrics.watch(ctx.hooks[row.target]), HookType.AROUND,
                               source=HookSource(f"{PLUGIN_NAME}.{row.adapter}", PLUGIN_NAME))
     HookRegistry.apply_hooks()
     for name, ctx in contexts.items():

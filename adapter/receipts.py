@@ -11,6 +11,8 @@ import collections
 import logging
 import sys
 
+from adapter import metrics
+
 LOGGER_NAME = "sglang.dsv41"
 PREFIX = "[dsv41]"
 
@@ -37,7 +39,38 @@ def _setup() -> None:
 _setup()
 
 _seen_fallbacks: set[tuple[str, str]] = set()
-counters: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+
+
+class Counts(collections.Counter):
+    """One adapter's counters: the one source of receipts and of the dsv41_* Prometheus series.
+
+    Each increment is also handed to adapter/metrics.py, which exports it while the engine runs
+    with --enable-metrics. Once metrics are known to be off in this process, every Counts goes
+    back to a plain Counter (adapter/metrics.py), so nothing is left on the counting path.
+    Copies (Counter.copy(), pickling) carry no adapter name and are not exported.
+    """
+
+    adapter: str | None = None
+
+    def __setitem__(self, key, value):
+        old = self.get(key, 0)
+        super().__setitem__(key, value)
+        if self.adapter is not None and value > old:
+            metrics.counted(self.adapter, key, value - old)
+
+
+class _ByAdapter(dict):
+    def __missing__(self, adapter: str) -> collections.Counter:
+        if metrics.off():
+            counts = collections.Counter()
+        else:
+            counts = Counts()
+            counts.adapter = adapter
+        self[adapter] = counts
+        return counts
+
+
+counters: dict[str, collections.Counter] = _ByAdapter()
 
 
 def installed(adapter: str, detail: str) -> None:

@@ -8,7 +8,11 @@ then runs the next sitecustomize on sys.path: the repo's own, exactly as product
   3. the torch_native SWA read-index fix, once its engine module imports (an engine bug in a
      backend production never uses: adapter/cpu/torch_native_swa_fix.py);
   4. DSV41CPU_DRIFT=<module>:<qualname> (tests only): that engine callable is altered on import,
-     before our installer checks its pin.
+     before our installer checks its pin;
+  5. DSV41CPU_STEP_DELAY_MS=<ms> (tests only): the scheduler sleeps before each batch, a planted
+     speed regression for `dsv41 gate` (adapter/cpu/step_delay.py);
+  6. DSV41CPU_WATCH_IMPORTS=<module>[,<module>] (tests only): when one of them is imported, the
+     process writes "[dsv41-cpu] imported <module> from <file>:<line>" (the importing frame).
 Failures end the process loudly: `site` would swallow them.
 """
 import os
@@ -43,6 +47,22 @@ def _arm():
             sys.stderr.write(f"[dsv41-cpu] drifted {target}:{qualname} (sha256 {sha})\n")
 
         wrapt.register_post_import_hook(drift, target)
+    if os.environ.get("DSV41CPU_STEP_DELAY_MS"):
+        from adapter.cpu import step_delay
+
+        step_delay.delay_s()        # a bad value ends the process here, not in the scheduler
+        wrapt.register_post_import_hook(step_delay.apply, step_delay.MODULE)
+    for name in filter(None, os.environ.get("DSV41CPU_WATCH_IMPORTS", "").split(",")):
+        wrapt.register_post_import_hook(_report_import, name)
+
+
+def _report_import(module):
+    import traceback
+
+    machinery = ("importlib", "<frozen", "wrapt", os.path.abspath(__file__))
+    frames = [f for f in traceback.extract_stack()[:-1] if not any(m in f.filename for m in machinery)]
+    where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+    sys.stderr.write(f"[dsv41-cpu] imported {module.__name__} from {where}\n")
 
 
 def _chain():

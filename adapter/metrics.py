@@ -1,0 +1,269 @@
+"""The adapters' counters as `dsv41_*` series on the engine's own `/metrics` (`--enable-metrics`).
+
+One source: `receipts.counters` (a Counter per adapter). Each increment there is also added, in
+the process that counted it, to a prometheus_client Counter in the engine's multiprocess
+directory (PROMETHEUS_MULTIPROC_DIR), which the engine's `/metrics` (a MultiProcessCollector in
+the launcher) already serves. No collector, no registry and no endpoint of ours.
+
+On or off is settled once per process, at the first counter event or adapter hook call after the
+engine has published its config: on when `get_observability().enable_metrics` is set and the
+engine's PROMETHEUS_MULTIPROC_DIR exists. Until then nothing is imported: prometheus_client picks
+its value class (per-process files or in-memory) at its first import, and the launcher sets the
+directory only after our adapters have installed. Off: prometheus_client is never imported from
+here, nothing is written, and the counters become plain Counters again.
+
+When exporting starts, the counts made so far are added, every plain series of each installed
+adapter is created at 0 (it is on `/metrics` before its first event), and
+`dsv41_adapter_installed{adapter,version}` is set (1 installed, 0 off; gauge mode "mostrecent",
+as the engine's own gauges). Every counter carries `tp_rank`: the engine keeps its own collectors
+on attention-TP rank 0 only, ours count on every rank.
+
+Metrics never break serving: an exception here is one fallback line (adapter "metrics") and that
+counter is no longer exported; receipts keep counting. Series and what they mean: SERIES below and
+docs/metrics.md.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import os
+import sys
+
+from adapter import receipts
+
+NAME = "metrics"
+ENGINE_CONTEXT = "sglang.srt.runtime_context"
+
+# Series: prometheus_client Counter name (exposed as <name>_total) -> (help, labels besides tp_rank).
+SERIES = {
+    "dsv41_fallbacks": ("Adapter decisions that kept the engine's stock path, by adapter and "
+                        "reason (receipts.fallback; the line is logged once, counted every time)",
+                        ("adapter", "reason")),
+    "dsv41_swan_served": ("SWA decode calls served in place on 256-token pages (no 4x64 split); "
+                          "split calls are dsv41_fallbacks_total{adapter=\"swan\"}", ()),
+    "dsv41_decode_yield_chunks_yielded": ("Non-final prefill chunks after which decode streams "
+                                          "got yield steps", ()),
+    "dsv41_decode_yield_steps_planned": ("Decode steps planned before the next chunk", ()),
+    "dsv41_decode_yield_steps_run": ("Planned decode steps that ran (the chunk waited)", ()),
+    "dsv41_decode_yield_early_ends": ("Yields ended before their plan, by reason", ("reason",)),
+    "dsv41_decode_yield_lone_chunks": ("Non-final chunks with too few decode rows to yield to", ()),
+    "dsv41_swa_thin_hooked_inserts": ("checkpoint_into_tree calls seen", ()),
+    "dsv41_swa_thin_checkpoints_passed": ("Checkpoints whose request moved past them", ()),
+    "dsv41_swa_thin_nodes_moved": ("SWA LRU nodes moved to the evict-first end", ()),
+    "dsv41_swa_thin_kept": ("Nodes of a passed checkpoint left in place, by reason", ("reason",)),
+    "dsv41_swa_thin_tree_core": ("Radix caches built, by the tree core serving them", ("core",)),
+    "dsv41_swa_cone_candidates": ("Matches whose lost SWA window could be replayed", ()),
+    "dsv41_swa_cone_plans": ("Replays planned", ()),
+    "dsv41_swa_cone_replay_tokens": ("Tokens replayed by the planned replays", ()),
+    "dsv41_swa_cone_copies": ("Replay copies of full-attention latents into the replay rows", ()),
+    "dsv41_autotune_keep_kept": ("Autotune caches kept: loadable on every rank", ()),
+    "dsv41_autotune_keep_deleted": ("Autotune caches deleted before the rank exchange, by kind; "
+                                    "the rank re-tunes", ("kind",)),
+    "dsv41_autotune_keep_tuned": ("Ranks that tuned with no cache on disk, by reason", ("reason",)),
+    "dsv41_autotune_keep_dropped": ("Caches dropped because another rank could not load its own",
+                                    ("reason",)),
+    "dsv41_autotune_keep_sealed": ("Launch sidecars sealed after the engine saved its cache", ()),
+}
+INSTALLED = "dsv41_adapter_installed"
+INSTALLED_HELP = "1 when the dsv41 adapter is installed in this engine, 0 when its key is unset"
+
+# Counter key -> (series, label values). A key "prefix:" maps every "prefix:<value>" key, the
+# value filling the series' one label. "fallback:" is common to every adapter.
+KEYS = {
+    "*": {"fallback:": "dsv41_fallbacks"},
+    "swan": {"served": ("dsv41_swan_served", ())},
+    "decode_yield": {
+        "chunks_yielded": ("dsv41_decode_yield_chunks_yielded", ()),
+        "steps_planned": ("dsv41_decode_yield_steps_planned", ()),
+        "steps_deferred": ("dsv41_decode_yield_steps_run", ()),
+        "ended_early_chunked_req_gone": ("dsv41_decode_yield_early_ends", ("chunked_req_gone",)),
+        "ended_early_streams_finished": ("dsv41_decode_yield_early_ends", ("streams_finished",)),
+        "lone_chunks": ("dsv41_decode_yield_lone_chunks", ()),
+    },
+    "swa_thin": {
+        "hooked_inserts": ("dsv41_swa_thin_hooked_inserts", ()),
+        "checkpoints_passed": ("dsv41_swa_thin_checkpoints_passed", ()),
+        "nodes_moved": ("dsv41_swa_thin_nodes_moved", ()),
+        "kept:": "dsv41_swa_thin_kept",
+        "core:": "dsv41_swa_thin_tree_core",
+    },
+    "swa_cone": {
+        "candidates": ("dsv41_swa_cone_candidates", ()),
+        "plans": ("dsv41_swa_cone_plans", ()),
+        "replay_tokens": ("dsv41_swa_cone_replay_tokens", ()),
+        "copies": ("dsv41_swa_cone_copies", ()),
+    },
+    "autotune_keep": {
+        "kept": ("dsv41_autotune_keep_kept", ()),
+        "deleted:": "dsv41_autotune_keep_deleted",
+        "tune:": "dsv41_autotune_keep_tuned",
+        "dropped:": "dsv41_autotune_keep_dropped",
+        "sealed": ("dsv41_autotune_keep_sealed", ()),
+    },
+}
+# Keys with a label value that are created at 0 too (every plain key of an installed adapter is).
+ZERO_KEYS = {
+    "swa_thin": ("kept:in-new-window", "kept:locked", "kept:session"),
+    "decode_yield": (),
+    "autotune_keep": ("tune:no-cache", "dropped:peer", "deleted:corrupt", "deleted:no-sidecar",
+                      "deleted:sidecar-corrupt", "deleted:launch", "deleted:sealed-mismatch",
+                      "deleted:stamp"),
+}
+
+_state: bool | None = None      # None: not settled yet; True: exporting; False: off
+_tp_rank = ""
+_metrics: dict = {}             # series name -> prometheus_client metric
+_children: dict = {}            # (adapter, key) -> labelled child
+_dropped: set = set()           # (adapter, key) no longer exported after an error
+
+
+def off() -> bool:
+    return _state is False
+
+
+def on() -> bool:
+    return _state is True
+
+
+def series_of(adapter: str, key: str) -> tuple[str, tuple[str, ...]]:
+    """(series name, label values without tp_rank) of a counter key; LookupError if unmapped."""
+    table = KEYS.get(adapter, {})
+    if key in table and not key.endswith(":"):
+        return table[key]
+    prefix, sep, value = key.partition(":")
+    if sep:
+        if prefix + ":" in table:
+            return table[prefix + ":"], (value,)
+        if prefix + ":" in KEYS["*"]:
+            return KEYS["*"][prefix + ":"], (adapter, value)
+    raise LookupError(f"no dsv41 series for the {adapter} counter {key!r}")
+
+
+def counted(adapter: str, key: str, delta: int) -> None:
+    """receipts.Counts: `delta` was just added to counters[adapter][key]."""
+    if _state is True:
+        _export(adapter, key, delta)
+    elif _state is None:
+        settle()        # when it turns exporting on, it adds this increment with the rest
+
+
+def watch(hook):
+    """An adapter hook (HookRegistry AROUND) that first settles on/off in its process."""
+    @functools.wraps(hook)
+    def settling(original, *args, **kwargs):
+        if _state is None:
+            settle()
+        return hook(original, *args, **kwargs)
+
+    return settling
+
+
+def settle() -> None:
+    """Decide on/off from the engine's published config; a no-op until it is published."""
+    if _state is not None:
+        return
+    context = sys.modules.get(ENGINE_CONTEXT)
+    if context is None:
+        return
+    try:
+        if not context.get_context().is_config_namespace_published("observability"):
+            return
+        enabled = bool(context.get_observability().enable_metrics)
+    except Exception as exc:  # noqa: BLE001 - metrics never break serving
+        _turn_off(f"could not read the engine's observability config ({type(exc).__name__}: "
+                  f"{exc}); dsv41 series not exported")
+        return
+    if not enabled:
+        _turn_off(None)
+    elif not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        _turn_off("--enable-metrics without the engine's PROMETHEUS_MULTIPROC_DIR in this "
+                  "process; dsv41 series not exported")
+    else:
+        _start(context)
+
+
+def _turn_off(reason: str | None) -> None:
+    global _state
+    _state = False
+    _metrics.clear()
+    _children.clear()
+    for counts in receipts.counters.values():
+        if type(counts) is receipts.Counts:
+            counts.__class__ = collections.Counter   # nothing left on the counting path
+    if reason is not None:
+        receipts.fallback(NAME, reason)
+
+
+def _start(context) -> None:
+    global _state, _tp_rank
+    try:
+        try:
+            _tp_rank = str(context.get_parallel().tp_rank)
+        except Exception:  # noqa: BLE001 - a process with no rank bundle (the launcher)
+            _tp_rank = ""
+        import prometheus_client
+
+        from adapter import __version__, installer
+
+        gauge = prometheus_client.Gauge(INSTALLED, INSTALLED_HELP, ("adapter", "version"),
+                                        registry=None, multiprocess_mode="mostrecent")
+        installed = [n for n, st in installer.status().items() if st.status == "installed"]
+        for name in installer.status():
+            gauge.labels(name, __version__).set(1 if name in installed else 0)
+        _metrics[INSTALLED] = gauge
+        # What was counted before this moment; from here on each increment is exported as made.
+        before = [(name, key, value) for name, counts in list(receipts.counters.items())
+                  for key, value in list(counts.items()) if value > 0]
+        _state = True
+    except Exception as exc:  # noqa: BLE001 - metrics never break serving
+        _turn_off(f"exporter failed to start ({type(exc).__name__}: {exc}); dsv41 series not "
+                  "exported, receipts keep counting")
+        return
+    for name in installed:      # every plain series of an installed adapter, at 0
+        for key in [k for k in KEYS.get(name, {}) if not k.endswith(":")] + list(ZERO_KEYS.get(name, ())):
+            _export(name, key, 0)
+    for name, key, value in before:
+        _export(name, key, value)
+    receipts.line(NAME, "exporting the adapters' counters as dsv41_* series on the engine's "
+                  "/metrics (tp_rank %s)", _tp_rank or "-")
+
+
+def _child(adapter: str, key: str):
+    import prometheus_client
+
+    name, values = series_of(adapter, key)
+    metric = _metrics.get(name)
+    if metric is None:
+        help_text, labels = SERIES[name]
+        metric = _metrics[name] = prometheus_client.Counter(name, help_text, labels + ("tp_rank",),
+                                                            registry=None)
+    return metric.labels(*values, _tp_rank)
+
+
+def _export(adapter: str, key: str, amount: int) -> None:
+    child = _children.get((adapter, key))
+    try:
+        if child is None:
+            if (adapter, key) in _dropped:
+                return
+            child = _children[(adapter, key)] = _child(adapter, key)
+        child.inc(amount)
+    except Exception as exc:  # noqa: BLE001 - metrics never break serving
+        _children.pop((adapter, key), None)
+        _dropped.add((adapter, key))
+        if adapter != NAME:   # our own fallback count failing: its cause has its line already
+            receipts.fallback(NAME, f"{adapter} counter {key!r} dropped from /metrics "
+                                    f"({type(exc).__name__}: {exc}); receipts keep counting")
+
+
+def reset_for_tests() -> None:
+    """Back to "not settled" (unit tests that publish configs of their own)."""
+    global _state, _tp_rank
+    _state, _tp_rank = None, ""
+    _metrics.clear()
+    _children.clear()
+    _dropped.clear()
+    for name, counts in receipts.counters.items():
+        if type(counts) is collections.Counter:
+            counts.__class__ = receipts.Counts
+            counts.adapter = name

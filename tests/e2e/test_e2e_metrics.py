@@ -1,0 +1,246 @@
+"""dsv41_* series on the real engine's /metrics (--enable-metrics), against the receipt lines.
+
+Three boots of the production keys on the CPU harness (adapter/cpu/server.py): dense and swa with
+--enable-metrics (scraped after traffic that makes each adapter act, before the server stops),
+and swa without it, with a PROMETHEUS_MULTIPROC_DIR of the test's own set (the directory alone
+must not turn exporting on). Every process of each server reports who imports prometheus_client
+(DSV41CPU_WATCH_IMPORTS). docs/dashboard.json is checked against what the real server exports.
+"""
+import collections
+import dataclasses
+import json
+import re
+import time
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from adapter import __version__, metrics
+from adapter.cpu.server import CpuServer
+from adapter.table import ADAPTERS
+from adapter.tools import canary, traffic
+from e2e.e2e_configs import PROD_ARGS, PROD_KEYS, REPO_ROOT
+
+WATCH = "prometheus_client"
+YIELD_LINE = re.compile(r"\[dsv41\] decode_yield rid=\S+ left chunked prefill: (\d+) chunks yielded, "
+                        r"(\d+) decode steps planned, (\d+) run, (\d+) ended early")
+FALLBACK_LINE = re.compile(r"\[dsv41\] (\w+) fallback: (.*) \(logged once\)$")
+
+
+@dataclasses.dataclass
+class Scraped:
+    model: str
+    status: int
+    text: str
+    samples: dict          # (name, frozenset(labels)) -> value
+    logs: dict             # process log name -> text
+    boot_s: float
+    wall_s: float
+
+    def value(self, name, **labels):
+        return self.samples.get((name, frozenset(labels.items())))
+
+    def series(self, name):
+        return {labels: v for (n, labels), v in self.samples.items() if n == name}
+
+    def scheduler_lines(self):
+        return [ln for role, text in self.logs.items() if role.startswith("sglang::scheduler")
+                for ln in text.splitlines()]
+
+    def all_lines(self):
+        return [ln for text in self.logs.values() for ln in text.splitlines()]
+
+
+def _parse(text):
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def _boot(model, drive, enable_metrics=True, extra_env=None):
+    args = dict(canary.MODEL_ARGS[model])
+    args.update(PROD_ARGS)
+    if enable_metrics:
+        args["--enable-metrics"] = ""
+    env = {"DSV41CPU_WATCH_IMPORTS": WATCH, **(extra_env or {})}
+    server = CpuServer(model, keys=PROD_KEYS, args=args, extra_env=env,
+                       name=f"metrics-{model}-{'on' if enable_metrics else 'off'}")
+    began = time.monotonic()
+    try:
+        server.start()
+        drive(server)
+        time.sleep(0.5)     # nothing is in flight; let the scheduler finish its step
+        resp = requests.get(server.url + "/metrics", timeout=30)
+        status, text = resp.status_code, resp.text
+        (server.log_dir / "metrics.txt").write_text(text)   # kept beside the process logs
+    finally:
+        server.stop()
+    return Scraped(model, status, text, _parse(text) if status == 200 else {}, server.process_logs(),
+                   round(server.boot_s, 1), round(time.monotonic() - began, 1))
+
+
+def _dense_traffic(server):
+    traffic.yield_cadence(server, 12288)         # two streams beside a 3-chunk prefill
+
+
+def _swa_traffic(server):
+    traffic.equality_run(server, 1024)           # chunked prompts beside others, resumes: yield, cone
+    server.flush_cache()
+    traffic.window_resume(server)                # a lost SWA window: cone's candidate path
+    server.flush_cache()
+    traffic.idle_session_resume(server)          # sub-agent turns: thin moves passed checkpoints
+
+
+@pytest.fixture(scope="module")
+def dense():
+    return _boot("dense", _dense_traffic)
+
+
+@pytest.fixture(scope="module")
+def swa():
+    return _boot("swa", _swa_traffic)
+
+
+@pytest.fixture(scope="module")
+def swa_off(tmp_path_factory):
+    prom_dir = tmp_path_factory.mktemp("prometheus-multiproc")
+    run = _boot("swa", _swa_traffic, enable_metrics=False,
+                extra_env={"PROMETHEUS_MULTIPROC_DIR": str(prom_dir)})
+    return run, prom_dir
+
+
+def _check_against_receipts(run: Scraped):
+    """What holds on both models: every series is there and equals what the receipts say."""
+    assert run.status == 200, run.text[:500]
+    lines = run.scheduler_lines()
+    # one exporting line per scheduler; every sample of ours carries its tp_rank
+    assert sum("[dsv41] metrics exporting the adapters' counters" in ln for ln in lines) == 1
+    ours = {k: v for k, v in run.samples.items() if k[0].startswith("dsv41_")}
+    for (name, labels), _ in ours.items():
+        if name != "dsv41_adapter_installed":
+            assert dict(labels)["tp_rank"] == "0", (name, labels)
+    # installed gauge: one per adapter, 1 exactly where the scheduler logged "installed"
+    for adapter in ADAPTERS:
+        logged = any(f"[dsv41] {adapter} installed:" in ln for ln in lines)
+        assert logged, adapter               # the production keys enable every adapter
+        assert run.value("dsv41_adapter_installed", adapter=adapter, version=__version__) == 1.0
+    # every plain series of every adapter is exported (at 0 before its first event)
+    names = {n for n, _ in ours}
+    for series, (_, labels) in metrics.SERIES.items():
+        if not labels:
+            assert f"{series}_total" in names, series
+    # decode yield: the sums of the receipt lines (one per chunked prompt that yielded)
+    got = [tuple(map(int, m.groups())) for ln in lines for m in [YIELD_LINE.search(ln)] if m]
+    chunks, planned, ran, early = (sum(col) for col in zip(*got)) if got else (0, 0, 0, 0)
+    assert run.value("dsv41_decode_yield_chunks_yielded_total", tp_rank="0") == chunks
+    assert run.value("dsv41_decode_yield_steps_planned_total", tp_rank="0") == planned
+    assert run.value("dsv41_decode_yield_steps_run_total", tp_rank="0") == ran
+    assert sum(run.series("dsv41_decode_yield_early_ends_total").values()) == early
+    # fallbacks: the (adapter, reason) pairs counted are exactly the logged ones (each logged once)
+    logged = {m.groups() for ln in lines for m in [FALLBACK_LINE.search(ln)] if m}
+    counted = {(dict(l)["adapter"], dict(l)["reason"]): v
+               for l, v in run.series("dsv41_fallbacks_total").items()}
+    assert set(counted) == logged and all(v >= 1 for v in counted.values()), (counted, logged)
+    assert not any(a == "metrics" for a, _ in counted), counted     # the exporter itself: no error
+    # swan: no SWA decode call on CPU (no DeepSeek-V4 attention): nothing served, nothing split
+    assert not any("[dsv41] swan first in-place decode" in ln for ln in lines)
+    assert run.value("dsv41_swan_served_total", tp_rank="0") == 0
+    assert not any(a == "swan" for a, _ in counted)
+    # cone: plans / copies are one receipt line each
+    assert run.value("dsv41_swa_cone_plans_total", tp_rank="0") == sum(" swa_cone plan " in ln for ln in lines)
+    assert run.value("dsv41_swa_cone_copies_total", tp_rank="0") == sum(" swa_cone copy " in ln for ln in lines)
+    # autotune_keep: one receipt line per kept / deleted / tuned / dropped cache (none on CPU)
+    at = {k: sum(f"[dsv41] autotune_keep {k} " in ln for ln in lines)
+          for k in ("kept", "deleted", "no cache", "dropped")}
+    assert run.value("dsv41_autotune_keep_kept_total", tp_rank="0") == at["kept"]
+    assert sum(run.series("dsv41_autotune_keep_deleted_total").values()) == at["deleted"]
+    assert sum(run.series("dsv41_autotune_keep_tuned_total").values()) == at["no cache"]
+    assert sum(run.series("dsv41_autotune_keep_dropped_total").values()) == at["dropped"]
+    # thin: one tree-core count per cache built
+    cores = {dict(l)["core"]: v for l, v in run.series("dsv41_swa_thin_tree_core_total").items()}
+    assert sum(cores.values()) == 1, cores
+    return cores, counted, (chunks, planned, ran, early)
+
+
+def test_dense_series_match_the_receipts(dense):
+    cores, counted, yielded = _check_against_receipts(dense)
+    assert yielded[0] > 0 and yielded[2] > 0, "the streams beside the chunked prompt got yield steps"
+    assert cores == {"rust": 1.0}          # no SWA component: thin keeps Rust, with its fallback
+    assert any(a == "swa_thin" and "no SWA component" in r for a, r in counted)
+    assert dense.value("dsv41_swa_thin_nodes_moved_total", tp_rank="0") == 0
+
+
+def test_swa_series_match_the_receipts(swa):
+    cores, counted, _ = _check_against_receipts(swa)
+    lines = swa.scheduler_lines()
+    assert cores == {"python": 1.0}
+    assert sum("[dsv41] swa_thin tree core: python instead of rust" in ln for ln in lines) == 1
+    inserts = swa.value("dsv41_swa_thin_hooked_inserts_total", tp_rank="0")
+    passed = swa.value("dsv41_swa_thin_checkpoints_passed_total", tp_rank="0")
+    moved = swa.value("dsv41_swa_thin_nodes_moved_total", tp_rank="0")
+    assert 0 < passed <= inserts and moved > 0, (inserts, passed, moved)
+    kept = swa.series("dsv41_swa_thin_kept_total")
+    assert {dict(l)["reason"] for l in kept} >= {"in-new-window", "locked", "session"}
+    # cone declines on a model without DeepSeek-V4 attention: a fallback by reason, no plan
+    assert any(a == "swa_cone" and "DeepseekV4AttnBackend" in r for a, r in counted)
+    assert swa.value("dsv41_swa_cone_plans_total", tp_rank="0") == 0
+    assert swa.value("dsv41_swa_cone_replay_tokens_total", tp_rank="0") == 0
+
+
+def test_engine_series_and_ours_share_the_one_endpoint(dense):
+    names = {n for n, _ in dense.samples}
+    assert "sglang:prompt_tokens_total" in names and "sglang:gen_throughput" in names
+    assert any(n.startswith("dsv41_") for n in names)
+
+
+def test_metrics_off_no_series_no_import_nothing_written(swa_off):
+    run, prom_dir = swa_off
+    lines = run.all_lines()
+    # the adapters did act and count (receipts) in this boot
+    assert any("[dsv41] swa_thin tree core: python instead of rust" in ln for ln in lines)
+    assert any("[dsv41] swa_cone fallback:" in ln or "[dsv41] decode_yield rid=" in ln for ln in lines)
+    assert not any("[dsv41] metrics " in ln for ln in lines)
+    assert "dsv41_" not in run.text                      # the engine serves no /metrics at all
+    assert run.status == 404, (run.status, run.text[:300])
+    assert list(prom_dir.iterdir()) == []
+    imports = [ln for ln in lines if f"[dsv41-cpu] imported {WATCH} from" in ln]
+    assert not [ln for ln in imports if str(REPO_ROOT / "adapter") in ln], imports
+    assert imports == [], imports   # nor does the engine import it with metrics off
+
+
+def _exprs(node):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "expr":
+                yield v
+            else:
+                yield from _exprs(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _exprs(v)
+
+
+def test_dashboard_expressions_name_series_the_real_server_exports(dense, swa):
+    board = json.loads((REPO_ROOT / "docs" / "dashboard.json").read_text())
+    exported = {n for run in (dense, swa) for n, _ in run.samples}
+    exprs = list(_exprs(board))
+    assert len(exprs) >= 20
+    named = collections.Counter()
+    for expr in exprs:
+        found = re.findall(r"\b(dsv41_[a-z0-9_]+|sglang:[a-zA-Z0-9_:]+)", expr)
+        assert found, expr
+        for name in found:
+            assert name in exported, (name, expr)
+            named[name] += 1
+    # one row per adapter, every dsv41 series on the board, the engine's throughput and TTFT too
+    rows = [p["title"] for p in board["panels"] if p.get("type") == "row"]
+    for adapter in ADAPTERS:
+        assert any(adapter in title for title in rows), (adapter, rows)
+    for series in list(metrics.SERIES) + [metrics.INSTALLED]:
+        shown = series if series == metrics.INSTALLED else f"{series}_total"
+        assert named[shown], shown
+    assert named["sglang:gen_throughput"] and named["sglang:time_to_first_token_seconds_bucket"]
+

@@ -1,0 +1,170 @@
+"""adapter/metrics.py: receipts' counters as dsv41_* series, settled from the engine's config.
+
+The children stand in for the engine's runtime_context (the one interface metrics.py reads:
+is the observability namespace published, enable_metrics, tp_rank); tests/e2e/test_e2e_metrics.py
+runs the real engine with --enable-metrics.
+"""
+import re
+
+from conftest import REPO_ROOT, run_python
+
+from adapter import metrics
+from adapter.table import ADAPTERS
+
+FAKE_ENGINE = r"""
+import os, sys, types
+published = {"on": False}
+class Obs:
+    enable_metrics = os.environ["TEST_ENABLE_METRICS"] == "1"
+class Ctx:
+    def is_config_namespace_published(self, name):
+        return published["on"]
+class Par:
+    tp_rank = 3
+rc = types.ModuleType("sglang.srt.runtime_context")
+rc.get_context = lambda: Ctx()
+rc.get_observability = lambda: Obs()
+rc.get_parallel = lambda: Par()
+sys.modules["sglang.srt.runtime_context"] = rc
+from adapter import installer, metrics, receipts
+for name in ("swa_thin", "decode_yield"):
+    installer._state.adapters[name] = installer.AdapterState("installed")
+installer._state.adapters["swan"] = installer.AdapterState("off")
+
+def scrape():
+    from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    return generate_latest(registry).decode()
+"""
+
+
+def _child(body, tmp_path, enable):
+    env = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "TEST_ENABLE_METRICS": enable}
+    proc = run_python(FAKE_ENGINE + body, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+ON_CHILD = r"""
+c = receipts.counters["swa_thin"]
+c["hooked_inserts"] += 2                 # before the engine published its config
+assert "prometheus_client" not in sys.modules and metrics._state is None
+published["on"] = True
+c["nodes_moved"] += 5                    # settles: on; adds what was counted before
+c["kept:locked"] += 1
+receipts.fallback("swa_thin", "reason A")
+receipts.fallback("swa_thin", "reason A")
+receipts.counters["decode_yield"]["steps_deferred"] += 4
+print(scrape())
+"""
+
+
+def test_on_exports_every_count_once_with_the_catch_up(tmp_path):
+    out = _child(ON_CHILD, tmp_path, "1").stdout
+    series = {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1]) for ln in out.splitlines()
+              if ln.startswith("dsv41_")}
+    assert series['dsv41_swa_thin_hooked_inserts_total{tp_rank="3"}'] == 2
+    assert series['dsv41_swa_thin_nodes_moved_total{tp_rank="3"}'] == 5
+    assert series['dsv41_swa_thin_kept_total{reason="locked",tp_rank="3"}'] == 1
+    assert series['dsv41_fallbacks_total{adapter="swa_thin",reason="reason A",tp_rank="3"}'] == 2
+    assert series['dsv41_decode_yield_steps_run_total{tp_rank="3"}'] == 4
+    # plain series of installed adapters exist at 0; off adapters have none, only the gauge at 0
+    assert series['dsv41_swa_thin_checkpoints_passed_total{tp_rank="3"}'] == 0
+    assert series['dsv41_decode_yield_chunks_yielded_total{tp_rank="3"}'] == 0
+    assert not any(k.startswith("dsv41_swan_served") for k in series)
+    assert series['dsv41_adapter_installed{adapter="swa_thin",version="2.6.4"}'] == 1
+    assert series['dsv41_adapter_installed{adapter="swan",version="2.6.4"}'] == 0
+
+
+OFF_CHILD = r"""
+published["on"] = True
+c = receipts.counters["swa_thin"]
+c["nodes_moved"] += 5
+receipts.fallback("swa_thin", "reason A")
+c["nodes_moved"] += 1
+print("IMPORTED", "prometheus_client" in sys.modules, "STATE", metrics._state,
+      "PLAIN", type(c).__name__, type(receipts.counters["new"]).__name__, "COUNT", c["nodes_moved"])
+"""
+
+
+def test_off_imports_nothing_writes_nothing_and_keeps_counting(tmp_path):
+    """The flag decides, not the directory: PROMETHEUS_MULTIPROC_DIR is set, enable_metrics is not."""
+    out = _child(OFF_CHILD, tmp_path, "0").stdout
+    assert "IMPORTED False STATE False PLAIN Counter Counter COUNT 6" in out
+    assert list(tmp_path.iterdir()) == []
+
+
+ERROR_CHILD = r"""
+published["on"] = True
+c = receipts.counters["swa_thin"]
+c["nodes_moved"] += 1
+c["no such key"] += 1                     # no series: dropped, one fallback line
+c["no such key"] += 1
+c["nodes_moved"] += 1
+print("COUNTS", c["no such key"], c["nodes_moved"])
+print(scrape())
+"""
+
+
+def test_an_exporter_error_is_one_fallback_line_and_the_counter_dropped(tmp_path):
+    proc = _child(ERROR_CHILD, tmp_path, "1")
+    assert "COUNTS 2 2" in proc.stdout
+    lines = [ln for ln in proc.stderr.splitlines() if "[dsv41] metrics fallback:" in ln]
+    assert len(lines) == 1 and "'no such key' dropped from /metrics (LookupError" in lines[0], proc.stderr
+    scraped = [ln for ln in proc.stdout.splitlines() if ln.startswith("dsv41_")]
+    assert 'dsv41_swa_thin_nodes_moved_total{tp_rank="3"} 2.0' in scraped
+    # the dropped key has no series; the exporter's own fallback is counted like any other
+    [named] = [ln for ln in scraped if "no such key" in ln]
+    assert named.startswith('dsv41_fallbacks_total{adapter="metrics",reason="swa_thin counter ')
+    assert named.endswith(" 1.0")
+
+
+START_FAIL_CHILD = r"""
+published["on"] = True
+import builtins
+real_import = builtins.__import__
+def broken(name, *a, **k):
+    if name == "prometheus_client":
+        raise ImportError("planted")
+    return real_import(name, *a, **k)
+builtins.__import__ = broken
+c = receipts.counters["swa_thin"]
+c["nodes_moved"] += 1
+c["nodes_moved"] += 1
+print("STATE", metrics._state, "COUNT", c["nodes_moved"])
+"""
+
+
+def test_a_failed_start_is_one_fallback_line_and_serving_goes_on(tmp_path):
+    proc = _child(START_FAIL_CHILD, tmp_path, "1")
+    assert "STATE False COUNT 2" in proc.stdout
+    lines = [ln for ln in proc.stderr.splitlines() if "[dsv41] metrics fallback:" in ln]
+    assert len(lines) == 1 and "exporter failed to start (ImportError: planted)" in lines[0]
+
+
+def test_every_counter_key_the_adapters_use_has_a_series():
+    """Each `counters[...]` key written in adapter/*.py (literal or f-string prefix) maps."""
+    found = set()
+    for adapter in ADAPTERS:
+        text = (REPO_ROOT / "adapter" / f"{adapter}.py").read_text()
+        for f, key in re.findall(r'(?:counters|counts\(\)|\bc)\[(f?)"([^"]+)"\]', text):
+            key = key.split("{", 1)[0] if f else key
+            if key in ADAPTERS:
+                continue        # receipts.counters["swa_thin"]: the adapter, not a key
+            found.add((adapter, key + ("x" if key.endswith(":") else "")))
+        for key in re.findall(r'"(ended_early_[a-z_]+)"', text):
+            found.add((adapter, key))
+    found.add(("swa_thin", "kept:locked"))       # counts()[KEPT + reason]
+    assert {a for a, _ in found} == set(ADAPTERS) and len(found) >= 20, found
+    for adapter, key in sorted(found):
+        name, values = metrics.series_of(adapter, key)
+        assert name in metrics.SERIES and len(values) == len(metrics.SERIES[name][1]), (adapter, key)
+    assert metrics.series_of("swan", "fallback:why") == ("dsv41_fallbacks", ("swan", "why"))
+
+
+def test_the_docs_list_every_series():
+    doc = (REPO_ROOT / "docs" / "metrics.md").read_text()
+    for name in list(metrics.SERIES) + [metrics.INSTALLED]:
+        shown = name if name == metrics.INSTALLED else f"{name}_total"
+        assert f"`{shown}" in doc, shown
