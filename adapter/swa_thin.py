@@ -63,10 +63,20 @@ def reset_counts() -> None:
     _at_last_line.update(checkpoints_passed=0, nodes_moved=0, kept=0)
 
 
+_SWA = None          # ComponentType.SWA, resolved on first use (the engine imports after us)
+
+
+def _swa_type():
+    global _SWA
+    if _SWA is None:
+        from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+        _SWA = ComponentType.SWA
+    return _SWA
+
+
 def _swa_lru(cache):
     """(tree core, SWA component, SWA device LRU) of a cache thin can act on, else None."""
-    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
-
     if cache.disable or not cache.is_swa_enabled:
         return None
     core = cache.tree_core
@@ -75,7 +85,8 @@ def _swa_lru(cache):
         receipts.fallback(NAME, f"tree core {type(core).__name__} has no Python SWA LRU; "
                                 "SWA eviction order left to the engine")
         return None
-    return core, cache.components[ComponentType.SWA], lru_lists[ComponentType.SWA]
+    swa = _swa_type()
+    return core, cache.components[swa], lru_lists[swa]
 
 
 def _window_nodes(core, node, span):
@@ -115,14 +126,16 @@ def move_passed_checkpoint(cache, old_id, new_id) -> tuple[int, int]:
         receipts.fallback(NAME, "lock node left the tree during the insert; order unchanged")
         return 0, 0
     span = swa.sliding_window_size + core.page_size
-    live = {n.id for n in _window_nodes(core, new, span)}
+    live = {n.id for n in _window_nodes(core, new, span)}   # 2-3 nodes at page 256 / window 128
     ct = swa.component_type
+    in_lru = lru.cache
     referenced = lru._is_referenced
-    to_move = []
-    kept = 0
+    c = counts()
+    moved = kept = 0
+    # Deepest first, so the checkpoint's oldest node ends nearest the tail (as the engine orders).
     for node in _window_nodes(core, old, span):
         cd = node.component_data[ct]
-        if cd.value is None or node.id not in lru.cache:
+        if cd.value is None or node.id not in in_lru:
             continue                      # tombstone: nothing in the SWA LRU to move
         if node.id in live:
             reason = "in-new-window"
@@ -131,14 +144,12 @@ def move_passed_checkpoint(cache, old_id, new_id) -> tuple[int, int]:
         elif referenced is not None and referenced(node):
             reason = "session"
         else:
-            to_move.append(node)
+            _to_evict_first_end(lru, node)   # relinks LRU pointers only, not the tree walked
+            moved += 1
             continue
-        counts()[KEPT + reason] += 1
+        c[KEPT + reason] += 1
         kept += 1
-    # Deepest first, so the checkpoint's oldest node ends nearest the tail (as the engine orders).
-    for node in to_move:
-        _to_evict_first_end(lru, node)
-    return len(to_move), kept
+    return moved, kept
 
 
 def _checkpoint_into_tree(original, self, req, *args, **kwargs):

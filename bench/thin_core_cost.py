@@ -2,28 +2,38 @@
 
 One run, three caches with the same realistic tree, built by the same requests through the
 engine's own entry points (adapter/tools/sims/swa_thin.py Driver): two idle sessions (330K / 300K
-tokens, 8192-token chunks + agent turns), two 500K sessions and 40 sub-agents x 3 turns on a
-shared system prompt, on the 384-tail pool (182,784 SWA slots, 3,444,224 full tokens).
+tokens, 8192-token chunks + agent turns), two 500K sessions, one 100K session and 40 sub-agents x
+3 turns on a shared system prompt, on the 384-tail pool (182,784 SWA slots, 3,444,224 full tokens).
   rust   : engine default, no adapter
   python : the Python core, no adapter (what thin selects)
   thin   : DSV41_SWA_THIN=1 (Python core + the reorder hook)
-Then the cache operations a scheduler step runs are timed on each (median of repeats, CPU wall
-time of this machine; no GPU work is involved in any of them):
-  match hit   match_prefix of a 500K session's context + a new turn (admission / waiting queue)
-  match miss  match_prefix of an 8K prompt sharing only the system prompt
-  chunk ckpt  checkpoint_kv_cache of one 8192-token chunk of a request at depth ~500K
-              (insert + re-lock + thin's move), incl. its evict_for_alloc + slot allocation
-  swa evict   evict(swa_num_tokens=512) on a tree full of passed checkpoints
-  lock/unlock lock + unlock of the 500K session's node
-Per step: a prefill step = 1 chunk ckpt + 4 match (waiting queue); a decode step touches the
-tree only when allocation is short (1 swa evict). Printed: per-op times and python/rust,
-thin/rust ratios, measured in this one run.
+Then the cache operations a scheduler step runs are timed on each (CPU wall time of this machine;
+no GPU work is involved in any of them). The variants are interleaved: every round measures each
+variant once, in a rotated order (rust/python/thin, python/thin/rust, ...), switching the adapter
+install between them with the production installer, so contention from other work on the machine
+falls on every variant alike. Printed: medians over the rounds and, for the ratios, the median and
+min-max of the per-round ratios (the spread).
+  match hit    match_prefix of a 500K session's context + a new turn (admission / waiting queue)
+  match miss   match_prefix of an 8K prompt sharing only the system prompt
+  chunk ckpt   one 8192-token chunk of a request at depth ~500K (the next chunk of a live prefill:
+               PrefillAdder.add_chunked_req, evict_from_tree_cache + slot allocation,
+               checkpoint_kv_cache = insert + re-lock + thin's move)
+  swa evict    evict(swa_num_tokens=512) on a tree full of passed checkpoints
+  lock/unlock  lock + unlock of the 500K session's node
+  decode short one decode block (128 tokens) of a request at that depth whose page allocation is
+               short: evict_from_tree_cache + allocation + evict_sliding_windows
+Per step: a prefill step = 1 chunk ckpt + 4 match miss (waiting queue); a decode step touches the
+tree only when allocation is short (old row: 1 swa evict; by depth: decode short). Chunk ckpt and
+decode short are measured at ~100K and ~500K depth (the request grows by one chunk / block per
+round).
 
-    .venv/bin/python bench/thin_core_cost.py [--repeats N]
+    .venv/bin/python bench/thin_core_cost.py [--repeats N] [--profile N]
 """
 from __future__ import annotations
 
 import argparse
+import gc
+import logging
 import statistics
 import sys
 import time
@@ -32,24 +42,32 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+VARIANTS = ("rust", "python", "thin")
+ENV = {"rust": {}, "python": {}, "thin": {"DSV41_SWA_THIN": "1"}}
+DEPTHS = {"100K": "mid", "500K": "big1"}
+
+
+def use(variant: str) -> None:
+    """Install what `variant` runs with (thin's hooks on or off), as the production installer does."""
+    from adapter import installer
+
+    installer.install_in_process(ENV[variant])
+
 
 def build(variant: str):
-    from adapter import installer
     from adapter.cpu import cpu_engine
     from adapter.tools.sims import swa_thin as sim
 
-    env = {"DSV41_SWA_THIN": "1"} if variant == "thin" else {}
-    installer.install_in_process(env)
-
+    use(variant)
     cpu = cpu_engine.build_swa_cache(full_tokens=3_444_224, swa_tokens=sim.swa_slots(384),
                                      backend="python" if variant == "python" else "rust",
-                                     req_slots=8, max_context_len=600_000, chunked_prefill_size=8192)
+                                     req_slots=12, max_context_len=800_000, chunked_prefill_size=8192)
     drv = sim.Driver(cpu, concurrency=4)
     tok = sim.Tokens()
     ctxs = {}
     jobs = []
     for name, first, turns in (("idle0", 200_000, 17), ("idle1", 200_000, 13),
-                               ("big0", 500_000, 0), ("big1", 500_000, 0)):
+                               ("big0", 500_000, 0), ("big1", 500_000, 0), ("mid", 100_000, 0)):
         ctxs[name] = array("q")
         jobs.append(sim.session(drv, name, tok, ctxs[name], [first] + [6000] * turns, 768))
     drv.run(jobs)
@@ -58,77 +76,192 @@ def build(variant: str):
     return cpu, drv, tok, ctxs, system
 
 
-def median_time(fn, repeats):
-    out = []
-    for _ in range(repeats):
+class Bench:
+    """One variant's cache and the live requests its rounds step (same tokens in every variant)."""
+
+    def __init__(self, variant: str, rounds: int):
+        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        self.variant = variant
+        self.cpu, self.drv, tok, ctxs, system = build(variant)
+        self.cache = self.cpu.cache
+        self.core = type(self.cache.tree_core).__name__
+        self.hit_key = RadixKey(ctxs["big0"] + tok.fresh(2000))
+        self.miss_key = RadixKey(system + tok.fresh(8192))
+        self.node = self.cache.match_prefix(MatchPrefixParams(key=self.hit_key)).last_device_node
+        # Count page allocations, to tell a decode block that had to allocate from one that did not.
+        self.allocs = 0
+        alloc = self.cpu.alloc
+
+        def counting_alloc(n):
+            self.allocs += 1
+            return alloc(n)
+
+        self.cpu.alloc = counting_alloc
+        # Thin's own work inside its hook (the reorder), timed apart from the engine's insert.
+        self.move_s = 0.0
+        if variant == "thin":
+            from adapter import swa_thin
+
+            move = swa_thin.move_passed_checkpoint
+
+            def timed_move(*args):
+                t = time.perf_counter()
+                try:
+                    return move(*args)
+                finally:
+                    self.move_s += time.perf_counter() - t
+
+            swa_thin.move_passed_checkpoint = timed_move
+        # Live requests, advanced past admission (untimed): per depth one chunked prefill with a
+        # chunk left for every round, and one request in decode.
+        self.chunked, self.decoding = {}, {}
+        for depth, name in DEPTHS.items():
+            prompt = ctxs[name] + tok.fresh(8192 * (rounds + 2))
+            self.chunked[depth] = self.drv.turn(f"chunked{depth}", prompt, array("q"))
+            next(self.chunked[depth])                    # admission + first chunk
+            self.decoding[depth] = self.drv.turn(f"decode{depth}", ctxs[name] + tok.fresh(2000),
+                                                 tok.fresh(256 * (rounds + 2)))
+            next(self.decoding[depth])                   # admission + the 2000-token prefill
+        self.times: dict[str, list[float]] = {}
+
+    def timed(self, op: str, fn) -> None:
         t = time.perf_counter()
         fn()
-        out.append(time.perf_counter() - t)
-    return statistics.median(out)
+        self.times.setdefault(op, []).append(time.perf_counter() - t)
+
+    def chunk_step(self, depth: str) -> None:
+        before, move_before = len(self.drv.trace), self.move_s
+        self.timed(f"chunk ckpt {depth}", lambda: next(self.chunked[depth]))
+        self.times.setdefault(f"thin move {depth}", []).append(self.move_s - move_before)
+        if len(self.drv.trace) != before + 1:
+            raise RuntimeError(f"{self.variant}: chunk step at {depth} made no checkpoint "
+                               "(the adder let it wait)")
+
+    def decode_short_step(self, depth: str) -> None:
+        """Step decode blocks until one allocates; time that one (others are not 'short')."""
+        for _ in range(4):
+            before = self.allocs
+            t = time.perf_counter()
+            next(self.decoding[depth])
+            dt = time.perf_counter() - t
+            if self.allocs > before:
+                self.times.setdefault(f"decode short {depth}", []).append(dt)
+                return
+        raise RuntimeError(f"{self.variant}: no decode block allocated at {depth}")
+
+    def round(self) -> None:
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams
+
+        cache = self.cache
+        self.timed("match hit", lambda: cache.match_prefix(MatchPrefixParams(key=self.hit_key)))
+        self.timed("match miss", lambda: cache.match_prefix(MatchPrefixParams(key=self.miss_key)))
+        self.timed("lock/unlock", lambda: cache.unlock(cache.lock(self.node)))
+        for depth in DEPTHS:
+            self.chunk_step(depth)
+            self.decode_short_step(depth)
+        self.timed("swa evict", lambda: cache.evict(EvictParams(swa_num_tokens=512)))
 
 
-def measure(variant: str, repeats: int) -> dict:
-    from adapter import installer
-    from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams
-    from sglang.srt.mem_cache.radix_cache import RadixKey
+def run_rounds(benches: dict, rounds: int) -> None:
+    for r in range(rounds):
+        for i in range(len(VARIANTS)):
+            variant = VARIANTS[(r + i) % len(VARIANTS)]     # rotated order: no variant always first
+            use(variant)
+            benches[variant].round()
+    for b in benches.values():
+        b.cache.sanity_check()
 
-    cpu, drv, tok, ctxs, system = build(variant)
-    cache = cpu.cache
-    hit_key = RadixKey(ctxs["big0"] + tok.fresh(2000))
-    miss_key = RadixKey(system + tok.fresh(8192))
-    res = {"core": type(cache.tree_core).__name__}
-    res["match hit"] = median_time(lambda: cache.match_prefix(MatchPrefixParams(key=hit_key)), repeats)
-    res["match miss"] = median_time(lambda: cache.match_prefix(MatchPrefixParams(key=miss_key)), repeats)
-    node = cache.match_prefix(MatchPrefixParams(key=hit_key)).last_device_node
 
-    def lock_unlock():
-        cache.unlock(cache.lock(node))
+def profile(benches: dict, rounds: int, top: int) -> None:
+    """cProfile of thin's chunk checkpoints at 500K depth (the costly path), top entries by tottime."""
+    import cProfile
+    import pstats
 
-    res["lock/unlock"] = median_time(lock_unlock, repeats)
+    use("thin")
+    bench = benches["thin"]
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(rounds):
+        next(bench.chunked["500K"])
+    prof.disable()
+    print(f"\nprofile: thin, {rounds} chunk checkpoints at ~500K depth, top {top} by own time")
+    stats = pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime")
+    stats.print_stats(top)
+    print("thin's own functions in the same profile (cumulative time includes the engine's "
+          "checkpoint_into_tree under the hook):")
+    stats.sort_stats("cumulative").print_stats("swa_thin")
 
-    # Chunk checkpoints at depth ~500K: a new turn on big1 with `repeats` chunks; time each yield
-    # step of the Driver that ends in checkpoint_kv_cache (alloc + evict_for_alloc + checkpoint).
-    prompt = ctxs["big1"] + tok.fresh(8192 * repeats)
-    gen = drv.turn("deep", prompt, array("q"))
-    steps = []
-    while True:
-        t = time.perf_counter()
-        try:
-            next(gen)
-        except StopIteration:
-            break
-        steps.append(time.perf_counter() - t)
-    res["chunk ckpt"] = statistics.median(steps[1:]) if len(steps) > 1 else steps[0]
 
-    def swa_evict():
-        cache.evict(EvictParams(swa_num_tokens=512))
-
-    res["swa evict"] = median_time(swa_evict, repeats)
-    cache.sanity_check()
-    res["prefill step"] = res["chunk ckpt"] + 4 * res["match miss"]
-    res["decode step (short)"] = res["swa evict"]
-    installer.reset_for_tests()
-    return res
+def _ratio_cell(num: list[float], den: list[float]) -> str:
+    per_round = [a / b for a, b in zip(num, den)]
+    return f"{statistics.median(per_round):5.2f} ({min(per_round):.2f}-{max(per_round):.2f})"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--repeats", type=int, default=15, help="rounds (each variant once per round)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="then profile thin's chunk checkpoints at 500K depth; print the top N")
     args = ap.parse_args(argv)
     from adapter.cpu import cpu_engine
 
     cpu_engine.install_torchvision_shim()
-    import logging
-    logging.getLogger("sglang").setLevel(logging.WARNING)
+    import torch
 
-    results = {v: measure(v, args.repeats) for v in ("rust", "python", "thin")}
-    ops = [k for k in results["rust"] if k != "core"]
-    print(f"thin core cost (ms, median of {args.repeats}; one run; cores: "
-          + ", ".join(f"{v}={r['core']}" for v, r in results.items()) + ")")
-    print(f"{'operation':>20}  {'rust':>9}  {'python':>9}  {'thin':>9}  {'python/rust':>11}  {'thin/rust':>9}")
-    for op in ops:
-        r, p, t = (results[v][op] * 1e3 for v in ("rust", "python", "thin"))
-        print(f"{op:>20}  {r:9.3f}  {p:9.3f}  {t:9.3f}  {p / r:11.2f}  {t / r:9.2f}")
+    # One torch thread: the tensor copies the scheduler's cache calls make here run on the GPU in
+    # production; spread over this machine's shared cores they would wait for each other.
+    torch.set_num_threads(1)
+    from adapter import receipts
+
+    logging.getLogger("sglang").setLevel(logging.WARNING)
+    logging.getLogger(receipts.LOGGER_NAME).setLevel(logging.WARNING)   # an install line per switch
+
+    extra = args.profile and 5
+    benches = {v: Bench(v, args.repeats + extra) for v in VARIANTS}
+    # The three trees share this process: a full collection would scan all of them and land on
+    # whichever variant triggered it. Freeze what the builds left, as the engine's freeze_gc does
+    # with its startup state (so the Python core's GC load on a growing tree is not counted).
+    gc.collect()
+    gc.freeze()
+    run_rounds(benches, args.repeats)
+    med = {v: {op: statistics.median(ts) for op, ts in b.times.items()} for v, b in benches.items()}
+    for v in VARIANTS:       # the old composite rows, from the medians
+        m = med[v]
+        m["chunk ckpt"] = m["chunk ckpt 500K"]
+        m["prefill step"] = m["chunk ckpt"] + 4 * m["match miss"]
+        m["decode step (short)"] = m["swa evict"]
+
+    print(f"thin core cost (ms, median of {args.repeats} interleaved rounds; one run; cores: "
+          + ", ".join(f"{v}={b.core}" for v, b in benches.items()) + ")")
+    print(f"{'operation':>20}  {'rust':>9}  {'python':>9}  {'thin':>9}  {'python/rust':>11}  "
+          f"{'thin/rust':>9}  {'thin/python':>11}")
+    for op in ("match hit", "match miss", "lock/unlock", "chunk ckpt", "swa evict", "prefill step",
+               "decode step (short)"):
+        r, p, t = (med[v][op] * 1e3 for v in VARIANTS)
+        print(f"{op:>20}  {r:9.3f}  {p:9.3f}  {t:9.3f}  {p / r:11.2f}  {t / r:9.2f}  {t / p:11.2f}")
+
+    print("\nby depth (ms, median; ratios: median of the per-round ratios, min-max in brackets)")
+    print(f"{'operation':>20}  {'rust':>8}  {'python':>8}  {'thin':>8}  {'python/rust':>17}  "
+          f"{'thin/rust':>17}  {'thin/python':>17}")
+    for depth in DEPTHS:
+        for kind in ("chunk ckpt", "decode short"):
+            op = f"{kind} {depth}"
+            ts = {v: benches[v].times[op] for v in VARIANTS}
+            r, p, t = (med[v][op] * 1e3 for v in VARIANTS)
+            print(f"{op:>20}  {r:8.3f}  {p:8.3f}  {t:8.3f}  {_ratio_cell(ts['python'], ts['rust']):>17}  "
+                  f"{_ratio_cell(ts['thin'], ts['rust']):>17}  {_ratio_cell(ts['thin'], ts['python']):>17}")
+    thin = benches["thin"].times
+    print("thin's own move (move_passed_checkpoint) per chunk ckpt, median: " + ", ".join(
+        f"{d} {statistics.median(thin[f'thin move {d}']) * 1e6:.1f} us "
+        f"({statistics.median(thin[f'thin move {d}']) / med['thin'][f'chunk ckpt {d}']:.2%} of it)"
+        for d in DEPTHS))
+    if args.profile:
+        profile(benches, extra, args.profile)
+    from adapter import installer
+
+    installer.reset_for_tests()
     return 0
 
 
