@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import psutil
-import requests
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
@@ -78,24 +76,14 @@ def short_requests(server: CpuServer, n: int, prompt_tokens: int, new_tokens: in
 
 def _streamed(server: CpuServer, input_ids, max_new_tokens: int, timeout: float) -> tuple[dict, float]:
     """The same greedy request as CpuServer.generate, streamed: (last event, seconds to the first)."""
-    payload = {"input_ids": list(input_ids), "stream": True, "return_logprob": True,
+    payload = {"input_ids": list(input_ids), "return_logprob": True,
                "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens,
                                    "ignore_eos": True}}
     t = time.perf_counter()
     ttft, last = None, None
-    with requests.post(server.url + "/generate", json=payload, stream=True, timeout=timeout) as resp:
-        resp.raise_for_status()
-        for raw in resp.iter_lines():
-            if not raw.startswith(b"data:"):
-                continue
-            body = raw[5:].strip()
-            if body == b"[DONE]":
-                break
-            last = json.loads(body)
-            if "error" in last:
-                raise RuntimeError(f"stream error: {last['error']}")
-            if ttft is None:
-                ttft = time.perf_counter() - t
+    for last in traffic.stream_events(server.url, payload, timeout):
+        if ttft is None:
+            ttft = time.perf_counter() - t
     return last, ttft
 
 

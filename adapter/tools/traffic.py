@@ -149,31 +149,39 @@ def idle_session_resume(server: CpuServer, session_tokens: int = 600, agents: in
 
 # --- decode yield: stream cadence during a chunked prefill --------------------------------------
 
+def stream_events(url: str, payload: dict, timeout: float = 600):
+    """POST a streaming /generate (payload gets "stream": True) and yield each event's JSON until
+    [DONE]; an event carrying "error" raises RuntimeError."""
+    with requests.post(url + "/generate", json={**payload, "stream": True}, stream=True,
+                       timeout=timeout) as resp:
+        resp.raise_for_status()
+        for raw in resp.iter_lines():
+            if not raw.startswith(b"data:"):
+                continue
+            body = raw[5:].strip()
+            if body == b"[DONE]":
+                return
+            event = json.loads(body)
+            if "error" in event:
+                raise RuntimeError(f"stream error: {event['error']}")
+            yield event
+
+
 def _stream(url: str, prompt: list, max_new_tokens: int, stamps: list, stop: threading.Event,
             errors: list) -> None:
     """Stream one greedy request; append a client timestamp per received token."""
-    payload = {"input_ids": prompt, "stream": True,
+    payload = {"input_ids": prompt,
                "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens,
                                    "ignore_eos": True}}
     seen = 0
     try:
-        with requests.post(url + "/generate", json=payload, stream=True, timeout=600) as resp:
-            resp.raise_for_status()
-            for raw in resp.iter_lines():
-                if not raw.startswith(b"data:"):
-                    continue
-                body = raw[5:].strip()
-                if body == b"[DONE]":
-                    break
-                event = json.loads(body)
-                if "error" in event:
-                    raise RuntimeError(f"stream error: {event['error']}")
-                done = int(event["meta_info"]["completion_tokens"])
-                now = time.monotonic()
-                stamps.extend([now] * (done - seen))
-                seen = done
-                if stop.is_set():
-                    break
+        for event in stream_events(url, payload):
+            done = int(event["meta_info"]["completion_tokens"])
+            now = time.monotonic()
+            stamps.extend([now] * (done - seen))
+            seen = done
+            if stop.is_set():
+                break
     except Exception as exc:  # noqa: BLE001 - reported by the caller
         errors.append(f"{type(exc).__name__}: {exc}")
 
