@@ -47,6 +47,17 @@ MODEL_ARGS = {
 CADENCE_PREFILL = {"dense": 24576}
 
 
+def load_checked_lines(path, *names) -> list:
+    """The named lines of a profile, each one's DSV41_* keys parsed, so a bad key stops the
+    command before anything boots. Raises OSError, profile.ProfileError, keys.ConfigError."""
+    from adapter.tools import profile
+
+    lines = [profile.load_line(path, name) for name in names]
+    for line in lines:
+        key_registry.parse_env(line.env)
+    return lines
+
+
 def split_line(line) -> tuple[dict, dict, dict]:
     """(DSV41_* keys, kept launch args, {ignored name: why}) of a profile line."""
     keys = {k: v for k, v in line.env.items() if k.startswith(key_registry.PREFIX)}
@@ -268,10 +279,7 @@ def main(args, run: Callable = run_config) -> int:
 
     began = time.monotonic()
     try:
-        line = profile.load_line(args.profile, args.line)
-        control = profile.load_line(args.profile, args.against)
-        key_registry.parse_env(line.env)
-        key_registry.parse_env(control.env)
+        line, control = load_checked_lines(args.profile, args.line, args.against)
     except (OSError, profile.ProfileError, key_registry.ConfigError) as exc:
         print(f"dsv41 canary: {exc}", file=sys.stderr)
         return 2

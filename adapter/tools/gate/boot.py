@@ -84,10 +84,7 @@ def main(args) -> int:
     from adapter.tools.gate import verdict
 
     try:
-        control = profile.load_line(args.profile, args.control)
-        candidate = profile.load_line(args.profile, args.candidate)
-        key_registry.parse_env(control.env)
-        key_registry.parse_env(candidate.env)
+        control, candidate = canary.load_checked_lines(args.profile, args.control, args.candidate)
     except (OSError, profile.ProfileError, key_registry.ConfigError) as exc:
         print(f"dsv41 gate boot: {exc}", file=sys.stderr)
         return 2
