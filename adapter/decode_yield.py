@@ -87,7 +87,6 @@ class CostModel(NamedTuple):
 
 
 CLUSTER = CostModel(20_000, 65_000, 277, 60_000, 3_000, 52_000)
-(CHUNK_FIXED_US, CHUNK_TOKEN_NS, CHUNK_PAIR_PS, STEP_FIXED_US, STEP_ROW_US, STEP_CTX_PS) = CLUSTER
 # Any other engine, model, chunk size or cluster: fit its own model from its scheduler log
 # (`dsv41 calibrate yield`, docs/decode_yield.md) and set DSV41_DECODE_YIELD_MODEL to it.
 
