@@ -118,7 +118,10 @@ def test_alike_boots_pass(tmp_path):
     assert set(outcomes(res).values()) == {"ok"}
     assert by_rule(res, "t0")["figures"]["equal"] == by_rule(res, "t0")["figures"]["agreed"] == 15  # 12 + resume 3
     kld = by_rule(res, "kld")["figures"]["groups"]
-    assert kld["long"]["candidate"] == kld["long"]["controls"] == 0.0
+    # Identical distributions: KL is 0 in exact arithmetic; the sum over bins leaves rounding residue
+    # whose size depends on the CPU's summation (1.1e-18 seen on one machine). 1e-12 is six orders
+    # below the smallest threshold the rule applies (0.0045), so it cannot hide a real divergence.
+    assert abs(kld["long"]["candidate"]) <= 1e-12 and abs(kld["long"]["controls"]) <= 1e-12
     assert kld["long"]["threshold"] == verdict.KLD_REFERENCE["long"]
     assert kld["short"]["threshold"] == verdict.KLD_REFERENCE["short"]
 
@@ -207,7 +210,9 @@ def test_two_sample_test_merges_rare_tokens():
     y = ["a"] * 88 + ["b"] * 10 + ["r3", "r4"]
     r = verdict.two_sample_test(x, y)
     assert r["distinct"] == 6 and r["categories"] == 2 and r["p"] > 0.5      # r* folded into "b"
-    assert verdict.two_sample_test(["a"] * 50, ["a"] * 40)["p"] == 1.0
+    one = verdict.two_sample_test(["a"] * 50, ["a"] * 40)    # one category: nothing to test
+    assert one["categories"] == 1 and one["dof"] == 0
+    assert one["p"] == pytest.approx(1.0, abs=1e-12)         # p is a float: no exact compare
 
 
 def test_needle_rules(tmp_path):
