@@ -41,14 +41,62 @@ CPU_ARGS = ("--device", "cpu", "--attention-backend", "torch_native", "--samplin
             "--mem-fraction-static", "0.05", "--sleep-on-idle", "--skip-server-warmup")
 DEFAULT_ARGS = {"--max-total-tokens": "8192", "--chunked-prefill-size": "1024"}
 BOOT_TIMEOUT_S = 240.0
+LAUNCHER_ROLE = "launcher (HTTP + tokenizer manager)"
+
+
+# Lines a process writes when it stops a boot on purpose: the installer's refusal / config error,
+# the bootstrap's and the CPU harness's own fatal errors.
+FATAL_MARKERS = ("[dsv41] FATAL:", "[dsv41-cpu] FATAL:")
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def error_lines(logs: Mapping[str, str]) -> list[str]:
+    """The server's own error lines, "[<role> pid N] <line>": every FATAL line first (each once,
+    from the text of the marker on: the engine's log prefix dropped), then per process the line
+    that ends its last traceback (the exception raised)."""
+    fatal, raised = [], []
+    for role, text in logs.items():
+        lines = text.splitlines()
+        for line in lines:
+            for marker in FATAL_MARKERS:
+                if marker in line:
+                    entry = f"[{role}] {line[line.index(marker):].strip()}"
+                    if entry not in fatal:
+                        fatal.append(entry)
+                    break
+        starts = [i for i, line in enumerate(lines) if line.rstrip().endswith(_TRACEBACK)]
+        if starts:
+            # frames are indented; the first unindented line after them names the exception
+            last = next((ln for ln in lines[starts[-1] + 1:] if ln.strip() and not ln[0].isspace()), None)
+            if last is not None:
+                raised.append(f"[{role}] {last.strip()[:400]}")
+    return fatal + raised
 
 
 class BootError(RuntimeError):
-    """The server exited or never became healthy. `.server` holds its logs and exit code."""
+    """The server exited or never became healthy. `.server` holds its logs and exit code.
 
-    def __init__(self, message: str, server: "CpuServer"):
-        super().__init__(message)
+    The message's first line is the headline and the first error line (the refusal when there
+    is one); then every error line (error_lines()), the last log lines, and the log directory.
+    `.headline`, `.errors`: the parts, for reports that print them their own way."""
+
+    def __init__(self, headline: str, server: "CpuServer"):
+        self.headline = headline
         self.server = server
+        logs = server.process_logs()
+        self.errors = error_lines(logs)
+        cause = self.errors[0].split("] ", 1)[1] if self.errors else "no error line in the server's logs"
+        parts = [f"{headline}: {cause}"]
+        if self.errors:
+            parts += ["error lines (refusals first):", *(f"  {ln}" for ln in self.errors)]
+        parts += ["log tail:", *(f"  {ln}" for ln in server.tail(12).splitlines()),
+                  f"logs: {server.log_dir}"]
+        super().__init__("\n".join(parts))
+
+    def summary(self) -> str:
+        """First line, error lines and log directory (no tail): what a report prints."""
+        return "\n".join([str(self).splitlines()[0], *(f"  {ln}" for ln in self.errors),
+                          f"  logs: {self.server.log_dir}"])
 
 
 _STARTED: "weakref.WeakSet[CpuServer]" = weakref.WeakSet()
@@ -137,6 +185,7 @@ class CpuServer:
                                      stdin=subprocess.DEVNULL, stdout=launcher_out,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         launcher_out.close()
+        self.roles[self.proc.pid] = LAUNCHER_ROLE
         _STARTED.add(self)
         try:
             if expect_exit:
@@ -155,23 +204,26 @@ class CpuServer:
         while time.monotonic() < began + timeout:
             code = self.proc.poll()
             if code is not None:
-                raise BootError(f"server {self.name or self.model} exited with code {code} during "
-                                f"boot; log tail:\n{self.tail()}", self)
+                raise BootError(f"server {self.name or self.model} exited with code {code} during boot", self)
+            # Titles now, while the processes live: a boot that fails has no other chance to
+            # name whose log holds the error.
+            self._name_processes()
             with contextlib.suppress(requests.RequestException):
                 if requests.get(self.url + "/health", timeout=5).status_code == 200:
                     return
             time.sleep(0.5)
-        raise BootError(f"server {self.name or self.model} not healthy after "
-                        f"{timeout:.0f}s; log tail:\n{self.tail()}", self)
+        self._name_processes()
+        raise BootError(f"server {self.name or self.model} not healthy after {timeout:.0f}s", self)
 
     def _name_processes(self) -> None:
         with contextlib.suppress(psutil.Error):
             root = psutil.Process(self.proc.pid)
-            self.roles[root.pid] = "launcher (HTTP + tokenizer manager)"
+            self.roles[root.pid] = LAUNCHER_ROLE
             for child in root.children(recursive=True):
                 with contextlib.suppress(psutil.Error):
                     title = " ".join(child.cmdline()).strip() or child.name()
-                    self.roles[child.pid] = title if title.startswith("sglang::") else child.name()
+                    if title.startswith("sglang::") or not self.roles.get(child.pid, "").startswith("sglang::"):
+                        self.roles[child.pid] = title if title.startswith("sglang::") else child.name()
 
     def group_alive(self) -> list[int]:
         """Live (non-zombie) processes of the server's process group."""

@@ -173,7 +173,8 @@ def run_config(model: str, keys: dict, args: dict, *,
             say(f"{name or model}: stream cadence during a {CADENCE_PREFILL[model]}-token prefill")
             run.cadence = traffic.yield_cadence(server, CADENCE_PREFILL[model])
     except BootError as exc:
-        run.errors.append(f"boot failed: {str(exc).splitlines()[0]}")
+        # the headline with the server's own error lines (the refusal first) and its log dir
+        run.errors.append(f"boot failed: {exc.summary()}")
     except Exception as exc:  # noqa: BLE001 - a failed request is a finding, reported
         run.errors.append(f"request failed: {type(exc).__name__}: {exc}")
     finally:
