@@ -27,17 +27,23 @@ import argparse
 import importlib.util
 import json
 import math
+import pathlib
 import sys
 import types
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+# The page layout is the adapter's (adapter/swan/layout.py imports nothing: fine on a device
+# that has only torch and triton).
+from adapter.swan.layout import (DATA_BYTES, PAGE_STRIDE, PAGE_TOKENS, ROW_BYTES,  # noqa: E402
+                                 SCALE_BYTES, SPLIT_PAGE_STRIDE, SPLIT_PAGE_TOKENS)
 
 LAYERS = 43
 WINDOW = 128
 TOPK = 128                      # SWA candidates per query row (window 128, aligned to 64)
-PAGE_TOKENS = 256
-PAGE_STRIDE = 149_760
-DST_PAGE_STRIDE = 37_440
-DATA_PER_SUB = 64 * 576         # bytes a split program copies (data rows) ...
-SCALE_PER_SUB = 64 * 8          # ... and scale footer
+DST_PAGE_STRIDE = SPLIT_PAGE_STRIDE
+SUBPAGES = PAGE_TOKENS // SPLIT_PAGE_TOKENS           # 4 split pages per pool page
+DATA_PER_SUB = SPLIT_PAGE_TOKENS * DATA_BYTES         # bytes a split program copies (data rows) ...
+SCALE_PER_SUB = SPLIT_PAGE_TOKENS * SCALE_BYTES       # ... and scale footer
 BASE_SWA_SLOTS = 35_328         # SPEC: 84,480 slots at 128 tails, 182,784 at 384,
 SLOTS_PER_TAIL = 384            # headroom = tails x (window 128 + page 256)
 TAILS = (128, 256, 384)
@@ -98,7 +104,7 @@ def engine_counts(pages: int, rows: int, torch, m) -> dict:
     torch.Tensor.zero_ = zero_
     try:
         kv = torch.empty(pages * PAGE_STRIDE, dtype=torch.uint8, device="meta").as_strided(
-            (pages, PAGE_TOKENS, 1, 584), (PAGE_STRIDE, 584, 584, 1))
+            (pages, PAGE_TOKENS, 1, ROW_BYTES), (PAGE_STRIDE, ROW_BYTES, ROW_BYTES, 1))
         idx = torch.empty(rows, TOPK, dtype=torch.int32, device="meta")
         m._split_kv_pages_to_64(kv, PAGE_TOKENS, touched_indices=idx)
     finally:
@@ -121,16 +127,16 @@ def counts_table(torch, m) -> list[dict]:
                 call_bytes = (c["memset_bytes"]                     # mask memset
                               + rows * TOPK * 4 + touched           # mark: read indices, set bytes
                               + c["split_programs"]                 # split: one mask byte each
-                              + 2 * touched * 4 * (DATA_PER_SUB + SCALE_PER_SUB))  # copy r+w
+                              + 2 * touched * SUBPAGES * (DATA_PER_SUB + SCALE_PER_SUB))  # copy r+w
                 rows_out.append({
                     "tails": tails, "swa_slots": pages * PAGE_TOKENS, "pool_pages": pages,
                     "streams": streams, "rows": rows, "touched_pages": touched,
                     "per_call": dict(c, bytes=call_bytes),
                     "per_step": {"launches": LAYERS * c["launches"],
                                  "programs": LAYERS * (c["mark_programs"] + c["split_programs"]),
-                                 "copying_programs": LAYERS * 4 * touched,
+                                 "copying_programs": LAYERS * SUBPAGES * touched,
                                  "bytes": LAYERS * call_bytes,
-                                 "split_buffer_bytes": pages * 4 * DST_PAGE_STRIDE},
+                                 "split_buffer_bytes": pages * SUBPAGES * DST_PAGE_STRIDE},
                 })
     return rows_out
 
@@ -180,7 +186,7 @@ def gpu_times(m, torch, replays=200, pool_page_counts=None) -> list[dict]:
     for pages in counts:
         pools = [torch.randint(0, 255, (pages * PAGE_STRIDE,), dtype=torch.uint8, device=dev)
                  for _ in range(LAYERS)]
-        views = [p.as_strided((pages, PAGE_TOKENS, 1, 584), (PAGE_STRIDE, 584, 584, 1)) for p in pools]
+        views = [p.as_strided((pages, PAGE_TOKENS, 1, ROW_BYTES), (PAGE_STRIDE, ROW_BYTES, ROW_BYTES, 1)) for p in pools]
         for streams in STREAMS:
             for per in ROWS_PER_STREAM:
                 idx = stream_indices(streams, per, pages, torch, device=dev)
@@ -216,18 +222,19 @@ def check_split_bytes(m, torch, device="cuda") -> bool:
     dev = torch.device(device)
     pages = 16
     pool = torch.randint(0, 255, (pages * PAGE_STRIDE,), dtype=torch.uint8, device=dev)
-    view = pool.as_strided((pages, PAGE_TOKENS, 1, 584), (PAGE_STRIDE, 584, 584, 1))
+    view = pool.as_strided((pages, PAGE_TOKENS, 1, ROW_BYTES), (PAGE_STRIDE, ROW_BYTES, ROW_BYTES, 1))
     idx = stream_indices(2, 1, pages, torch, device=dev)
     out = m._split_kv_pages_to_64(view, PAGE_TOKENS, touched_indices=idx)
     flat = torch.as_strided(out, (out.shape[0] * DST_PAGE_STRIDE,), (1,))
     ok = True
     for p in sorted({int(i) // PAGE_TOKENS for i in idx.flatten().tolist() if i >= 0}):
-        for s in range(4):
-            d = (p * 4 + s) * DST_PAGE_STRIDE
+        for s in range(SUBPAGES):
+            d = (p * SUBPAGES + s) * DST_PAGE_STRIDE
             src = p * PAGE_STRIDE
+            footer = src + PAGE_TOKENS * DATA_BYTES
             ok &= torch.equal(flat[d:d + DATA_PER_SUB], pool[src + s * DATA_PER_SUB: src + (s + 1) * DATA_PER_SUB])
             ok &= torch.equal(flat[d + DATA_PER_SUB: d + DATA_PER_SUB + SCALE_PER_SUB],
-                              pool[src + 256 * 576 + s * SCALE_PER_SUB: src + 256 * 576 + (s + 1) * SCALE_PER_SUB])
+                              pool[footer + s * SCALE_PER_SUB: footer + (s + 1) * SCALE_PER_SUB])
     return bool(ok)
 
 
@@ -248,7 +255,6 @@ def main(argv=None) -> int:
                   "split_bytes_ok": check_split_bytes(m, torch),
                   "times": gpu_times(m, torch, args.replays)}
     else:
-        sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
         from adapter.cpu import cpu_engine
 
         cpu_engine.install_torchvision_shim()

@@ -115,3 +115,20 @@ def test_dsv41_check_refuses_without_the_module(tmp_path):
     assert not swan_row["installed"] and swan_row["status"] == "refused"
     assert "module is not built" in swan_row["reason"]
     assert "Unset DSV41_SWA_NATIVE_DECODE" in swan_row["reason"]
+
+
+def test_layout_is_the_one_light_source_of_the_page_constants():
+    """build.py, reference.py and bench/swan_split_cost.py read adapter/swan/layout.py; importing
+    it (and so the package) loads no torch, engine or FlashInfer (a bare device can import it)."""
+    from conftest import run_python
+
+    proc = run_python("import sys, adapter.swan.layout\n"
+                      "heavy = ('torch', 'sglang', 'flashinfer', 'tvm_ffi', 'wrapt', 'numpy', 'triton')\n"
+                      "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))")
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+    from adapter.swan import layout
+    from runtime.swan256 import build, reference
+
+    assert reference.page_stride_for is layout.page_stride_for and reference.ROW_BYTES == layout.ROW_BYTES
+    assert build.HEAD_SLOTS == layout.HEAD_KERNELS == swan.ModuleCaps().heads
+    assert (layout.PAGE_STRIDE, layout.SPLIT_PAGE_STRIDE) == (149_760, 37_440)

@@ -195,10 +195,11 @@ def test_served_calls_skip_the_stock_split(install_adapters, fake_module, monkey
     def no_split(*_a, **_k):
         raise AssertionError("stock split reached")
 
-    monkeypatch.setattr(m, "_split_kv_pages_to_64", no_split)
-    monkeypatch.setattr(m, "_flash_mla_flashinfer", no_split)
     state = install_adapters({"DSV41_SWA_NATIVE_DECODE": "1"})["swan"]
     assert state.status == "installed", state.detail
+    # after the install: its pin check reads the engine's own functions
+    monkeypatch.setattr(m, "_split_kv_pages_to_64", no_split)
+    monkeypatch.setattr(m, "_flash_mla_flashinfer", no_split)
     router = swan.ROUTER
     seen = []
 
@@ -215,8 +216,91 @@ def test_served_calls_skip_the_stock_split(install_adapters, fake_module, monkey
     receipts.counters["swan"].clear()
     assert m.flash_mla_with_kvcache_sm120(**_real_call()) == ("in place", None)
     assert receipts.counters["swan"]["served"] == 1 and len(seen) == 1
-    # and a call routing refuses still goes to the stock entry
+    # and a call routing refuses still goes to the stock entry (a decision is kept per call
+    # key: forget them, as a new routing would start)
     monkeypatch.setattr(swan, "route", lambda facts, caps: "test reason")
+    router.forget()
     with pytest.raises(AssertionError, match="stock split reached"):
         m.flash_mla_with_kvcache_sm120(**_real_call())
     assert receipts.counters["swan"]["fallback:test reason"] == 1
+
+
+# --- the router's per-call path: a decision per decode key ----------------------------------
+
+def _misaligned_q(rows=4, heads=16):
+    buf = torch.zeros(rows * heads * 512 + 1, dtype=torch.bfloat16)
+    return buf[1:].view(rows, 1, heads, 512)          # contiguous, data_ptr % 16 == 2
+
+
+def _variants():
+    """(name, call kwargs): served shapes, every fallback case, data-only twins, misalignment."""
+    out = [(f"served {r}x{h} extra={e}", engine_call(rows=r, heads=h, extra=e))
+           for r in (1, 4, 16, 64) for h in (8, 12, 16, 64, 128) for e in (False, True)]
+    out += [(f"twin {i}", engine_call()) for i in range(3)]           # new tensors, same layout
+    out += [(name, options["kw"]) for name, (options, _) in CASES.items()
+            if set(options) == {"kw"}]
+    out.append(("misaligned q", _mutate(engine_call(), q=_misaligned_q())))
+    out.append(("no extra_topk_length", _mutate(engine_call(), extra_topk_length=None)))
+    out.append(("extra_topk_length alone", _mutate(engine_call(extra=False),
+                                                   extra_topk_length=torch.zeros(4, dtype=torch.int32))))
+    return out
+
+
+def test_equal_decode_keys_mean_equal_verdicts():
+    """decode_key holds everything route() reads: calls with one key get one verdict (so the
+    router may decide once per key), and a layout-only twin shares the key (so it does)."""
+    by_key = {}
+    for name, kw in _variants():
+        shape = kw["q"].shape
+        if swan.entry_reason(False, "flashinfer", True, shape[0] if shape else 0) is not None:
+            continue                                  # never keyed (rows > 64)
+        key = swan.decode_key(shape, kw)
+        hash(key)
+        by_key.setdefault(key, []).append((name, decide(kw)))
+    for group in by_key.values():
+        assert len({verdict for _, verdict in group}) == 1, group
+    twins = [k for k, group in by_key.items() if any(n.startswith("twin") for n, _ in group)]
+    assert len(twins) == 1 and len(by_key[twins[0]]) >= 3
+    verdicts = {decide(kw) for _, kw in _variants()}
+    assert len(by_key) >= len(verdicts) - 1           # - the rows > 64 case, never keyed
+
+
+def test_entry_reason_is_route_first_checks():
+    assert swan.entry_reason(True, "flashinfer", True, 4) == decide(engine_call(), args=(1,))
+    assert swan.entry_reason(False, "triton", True, 4) == decide(engine_call(), backend="triton")
+    assert swan.entry_reason(False, "flashinfer", True, 65) == decide(engine_call(rows=65))
+    assert swan.entry_reason(False, "flashinfer", False, 4) == "q or k_cache missing"
+    assert swan.entry_reason(False, "flashinfer", True, 0) == "empty call"
+    assert swan.entry_reason(False, "flashinfer", True, 64) is None
+
+
+def test_router_describes_a_decode_shape_once(install_adapters, fake_module, monkeypatch):
+    """Through the installed router: the first call of a decode key is described and routed,
+    later calls of that key are not; prefill calls are never keyed; the verdict is the same."""
+    from adapter import receipts
+    from sglang.kernels.ops.attention import flash_mla_sm120 as m
+
+    state = install_adapters({"DSV41_SWA_NATIVE_DECODE": "1"})["swan"]
+    assert state.status == "installed", state.detail
+    router = swan.ROUTER
+    described = []
+    real_describe = swan.describe_call
+
+    def counting(*a, **k):
+        described.append(1)
+        return real_describe(*a, **k)
+
+    monkeypatch.setattr(swan, "describe_call", counting)
+    stock = []
+    monkeypatch.setattr(m, "_flash_mla_flashinfer", lambda *a, **k: stock.append(1) or (None, None))
+    monkeypatch.setattr(m, "_flash_mla_sm120_prefill", lambda *a, **k: stock.append(1) or (None, None))
+    receipts.counters["swan"].clear()
+    for _ in range(5):
+        m.flash_mla_with_kvcache_sm120(**_real_call(rows=2))
+    m.flash_mla_with_kvcache_sm120(**_real_call(rows=3))
+    for rows in (65, 66, 67):
+        m.flash_mla_with_kvcache_sm120(**_real_call(rows=rows))
+    assert len(described) == 2 and len(router._decisions) == 2
+    assert len(stock) == 9                                     # CPU tensors: all stock
+    assert receipts.counters["swan"]["fallback:tensors on cpu, not CUDA"] == 6
+    assert receipts.counters["swan"]["fallback:more than 64 query rows (engine prefill path)"] == 3

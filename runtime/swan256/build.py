@@ -33,13 +33,15 @@ import types
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-# The manifest format and the file hash are the adapter's (it checks them at load): one definition.
+# The page layout, the manifest format and the file hash are the adapter's (it checks them at
+# load): one definition.
 sys.path.insert(0, str(REPO))
-from adapter.swan import MANIFEST_SCHEMA, MODULE_TAG, PAGE_TOKENS, sha256_file  # noqa: E402
+from adapter.swan.layout import HEAD_KERNELS, MANIFEST_SCHEMA, MODULE_TAG, PAGE_STRIDE, PAGE_TOKENS  # noqa: E402
+from adapter.swan.module import sha256_file  # noqa: E402
 
 DEFAULT_ARCHS = ("12.0a", "12.1a")
-DEFAULT_HEADS = "8,16,32,64,128,0"
-HEAD_SLOTS = (8, 16, 32, 64, 128, 0)      # bit order of SWAN_HEAD_MASK in swan256.cu
+HEAD_SLOTS = HEAD_KERNELS                 # bit order of SWAN_HEAD_MASK in swan256.cu
+DEFAULT_HEADS = ",".join(map(str, HEAD_SLOTS))
 
 
 def load_flashinfer_jit():
@@ -215,7 +217,7 @@ def main(argv=None) -> int:
         "flashinfer_git_commit": getattr(build_meta, "__git_commit__", ""),
         "archs": [f"sm_{a.replace('.', '')}" for a in archs],
         "page_tokens": PAGE_TOKENS,
-        "page_stride_bytes": (PAGE_TOKENS * 584 + 575) // 576 * 576,
+        "page_stride_bytes": PAGE_STRIDE,
         "heads": [h for h in HEAD_SLOTS if h in heads],
         "nvcc": cpp_ext.get_cuda_version().base_version,
         "cuda_home": str(home),

@@ -23,19 +23,12 @@ from typing import Optional
 
 import torch
 
-NOPE = 448
-ROPE = 64
-TILE = 64
-TILES = NOPE // TILE          # 7
-DATA_BYTES = NOPE + 2 * ROPE  # 576
-SCALE_BYTES = 8
-ROW_BYTES = DATA_BYTES + SCALE_BYTES  # 584
-D = NOPE + ROPE               # 512
-
-
-def page_stride_for(page_tokens: int) -> int:
-    """The engine's padded page size: ceil(page_tokens * 584 / 576) * 576."""
-    return -(-page_tokens * ROW_BYTES // DATA_BYTES) * DATA_BYTES
+# The row layout (448 B nope, 64 bf16 rope, 8 scale bytes; 7 tiles of 64) and the padded page
+# stride are the adapter's: one definition (adapter/swan/layout.py).
+from adapter.swan.layout import (DATA_BYTES, NOPE, ROPE, ROW_BYTES, SCALE_BYTES,  # noqa: F401
+                                 SPLIT_PAGE_TOKENS, TILE, TILES, page_stride_for)
+from adapter.swan.layout import D_QK as D
+from adapter.swan.layout import PAGE_TOKENS
 
 
 def raw_bytes(pages: torch.Tensor) -> torch.Tensor:
@@ -115,7 +108,7 @@ def sparse_decode(q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor, *,
     return out, lse
 
 
-def split_mapping(src_pages: int, src_tokens: int = 256, dst_tokens: int = 64):
+def split_mapping(src_pages: int, src_tokens: int = PAGE_TOKENS, dst_tokens: int = SPLIT_PAGE_TOKENS):
     """The byte mapping the engine's `_split_kv_pages_to_64` implements, as (dst_page, dst_off,
     src_page, src_off, length) runs: sub-page s of source page p becomes destination page
     p * ratio + s, whose data rows are source rows [s * 64, s * 64 + 64) and whose scale footer

@@ -1,0 +1,180 @@
+"""swan (DSV41_SWA_NATIVE_DECODE=1): SM12x sparse decode reads the 256-token SWA pages in place.
+
+The stock engine (sglang/kernels/ops/attention/flash_mla_sm120.py) copies every touched 256-token
+SWA page into four 64-token pages (`_split_kv_pages_to_64`: mask memset, page mark, masked split)
+before FlashInfer's sparse DSV4 decode. This adapter wraps the engine's SM12x decode entry
+`flash_mla_with_kvcache_sm120` and sends each call the swan256 module can serve (runtime/swan256,
+built ahead of time by scripts/build_swan.sh) to that module, which reads the pool through the 4-D
+view [N, 256, 1, 584] with stride(0) = 149,760 B. Every other call goes to the stock function
+unchanged (so it keeps the split), with one log line per distinct reason.
+
+The package, by layer:
+  * layout: the page layout and decode-shape constants (the one source; build, reference and
+    benches import them from here);
+  * module: verify_module(): manifest + sha256 of the .so + pinned FlashInfer version (install
+    refuses on any mismatch or a missing module);
+  * routing: describe_call() / route(): a pure function of the call's tensor metadata (shapes,
+    strides, dtypes, device) and the module's capabilities -> None (serve) or a fallback reason;
+    tactic_reason(); the router's per-call key;
+  * kernel: the thin layer that loads the .so (tvm-ffi), asks FlashInfer's own planner for the
+    tactic the stock call would get at 64-token pages, checks that the module resolves the same
+    plan at 256-token pages, and launches;
+  * here: the router (the hook on the engine entry) and install().
+Only the Kernel touches a GPU; everything above it is tested on CPU.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+from adapter.swan.kernel import Kernel, Plan
+from adapter.swan.layout import (D_QK, D_V, DATA_BYTES, DECODE_MAX_TOKENS,
+                                 FLASHINFER_HEAD_SPECIALISATIONS, HEAD_KERNELS, MANIFEST_SCHEMA,
+                                 MAX_HEADS, MODULE_TAG, PAGE_STRIDE, PAGE_TOKENS, ROW_BYTES,
+                                 SCALE_BYTES, SPLIT_PAGE_STRIDE, SPLIT_PAGE_TOKENS, SUPPORTED_ARCHS)
+from adapter.swan.module import (DEFAULT_MODULE_DIR, MODULE_DIR_ENV, REPO_ROOT, ModuleError,
+                                 ModuleInfo, installed_flashinfer_version, module_dir, sha256_file,
+                                 verify_module)
+from adapter.swan.routing import (COMPARED_FIELDS, PLAN_FIELDS, CallFacts, ModuleCaps, TensorFacts,
+                                  decode_key, describe_call, entry_reason, kernel_heads, route,
+                                  tactic_reason)
+
+NAME = "swan"
+KEY = "DSV41_SWA_NATIVE_DECODE"
+ENGINE_MODULE = "sglang.kernels.ops.attention.flash_mla_sm120"
+ENTRY = "flash_mla_with_kvcache_sm120"
+
+__all__ = [
+    "NAME", "KEY", "ENGINE_MODULE", "ENTRY", "ROUTER", "install",
+    # layout
+    "D_QK", "D_V", "DATA_BYTES", "DECODE_MAX_TOKENS", "FLASHINFER_HEAD_SPECIALISATIONS",
+    "HEAD_KERNELS", "MANIFEST_SCHEMA", "MAX_HEADS", "MODULE_TAG", "PAGE_STRIDE", "PAGE_TOKENS",
+    "ROW_BYTES", "SCALE_BYTES", "SPLIT_PAGE_STRIDE", "SPLIT_PAGE_TOKENS", "SUPPORTED_ARCHS",
+    # module
+    "DEFAULT_MODULE_DIR", "MODULE_DIR_ENV", "REPO_ROOT", "ModuleError", "ModuleInfo",
+    "installed_flashinfer_version", "module_dir", "sha256_file", "verify_module",
+    # routing
+    "COMPARED_FIELDS", "PLAN_FIELDS", "CallFacts", "ModuleCaps", "TensorFacts", "decode_key",
+    "describe_call", "entry_reason", "kernel_heads", "route", "tactic_reason",
+    # kernel
+    "Kernel", "Plan",
+]
+
+
+class _Decision:
+    """What the router decided for one decode key: the fallback reason, or the plan (and the
+    facts its first-served receipt line names)."""
+
+    __slots__ = ("reason", "plan", "facts")
+
+    def __init__(self, reason: Optional[str], plan: Optional[Plan] = None, facts: Optional[CallFacts] = None):
+        self.reason = reason
+        self.plan = plan
+        self.facts = facts
+
+
+class _Router:
+    """The hook on the engine's SM12x decode entry.
+
+    Per call: entry_reason() on the backend and q's row count (a prefill call, another backend
+    or a positional call falls back here, unkeyed); otherwise decode_key() -> the cached
+    decision. Only the first call of a key is described in full (describe_call) and routed
+    (route, then the kernel's plan); its decision is kept, whether serve or fall back."""
+
+    def __init__(self, ctx, info: ModuleInfo, kernel: Optional[Kernel]):
+        self.ctx = ctx
+        self.info = info
+        self.kernel = kernel
+        self.load_error: Optional[str] = None
+        self.caps = ModuleCaps(heads=info.heads, archs=info.archs)
+        self.first_served = False
+        self._decisions: dict[tuple, _Decision] = {}
+        self._engine = None
+
+    def backend(self) -> str:
+        if self._engine is None:
+            self._engine = sys.modules[ENGINE_MODULE]
+        return str(getattr(self._engine, "_sm120_default_backend", "unknown"))
+
+    def _kernel(self) -> Optional[Kernel]:
+        if self.kernel is None and self.load_error is None:
+            try:
+                self.kernel = Kernel(self.info)
+            except Exception as exc:
+                self.load_error = f"module failed to load: {type(exc).__name__}: {exc}"
+        return self.kernel
+
+    def _decide(self, args: tuple, kwargs, backend: str) -> _Decision:
+        facts = describe_call(args, kwargs, backend)
+        reason = route(facts, self.caps)
+        if reason is not None:
+            return _Decision(reason)
+        kernel = self._kernel()
+        if kernel is None:
+            return _Decision(self.load_error)
+        plan = kernel.plan(facts, kwargs)
+        return _Decision(plan.reason, plan, facts)
+
+    def forget(self) -> None:
+        """Drop the cached decisions (tests that change routing under a live router)."""
+        self._decisions.clear()
+
+    def __call__(self, original, *args, **kwargs):
+        backend = self.backend()
+        q = kwargs.get("q")
+        shape = q.shape if q is not None else None
+        rows = (shape[0] if shape else 0) if q is not None else 0
+        reason = entry_reason(bool(args), backend, q is not None and kwargs.get("k_cache") is not None, rows)
+        if reason is None:
+            key = decode_key(shape, kwargs)
+            decision = self._decisions.get(key)
+            if decision is None:
+                decision = self._decisions[key] = self._decide(args, kwargs, backend)
+            reason = decision.reason
+        if reason is not None:
+            self.ctx.fallback(reason)
+            return original(*args, **kwargs)
+        self.ctx.counters["served"] += 1
+        plan = decision.plan
+        if not self.first_served:
+            from adapter import receipts
+
+            self.first_served = True
+            facts = decision.facts
+            receipts.line(NAME, "first in-place decode: %d rows, %d heads, topk %d, cpb %d",
+                          facts.q.shape[0], facts.q.shape[-2], facts.indices.shape[-1], plan.facts["cpb"])
+        return self.kernel.run(plan, kwargs)
+
+
+ROUTER: Optional[_Router] = None     # the installed router of this process (introspection)
+
+
+def install(ctx) -> str:
+    from adapter.installer import Refusal
+
+    try:
+        info = verify_module(module_dir(), installed_flashinfer_version())
+    except ModuleError as exc:
+        raise Refusal(str(exc)) from None
+    kernel = None
+    load = "deferred to the first CUDA call"
+    try:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    except Exception:
+        cuda = False
+    if cuda:
+        try:
+            kernel = Kernel(info)
+        except Exception as exc:
+            raise Refusal(f"{info.so_path} failed to load: {type(exc).__name__}: {exc}") from None
+        load = "loaded"
+    global ROUTER
+    router = ROUTER = _Router(ctx, info, kernel)
+    ctx.around(ENTRY, router)
+    return (f"{KEY}={ctx.value(KEY)}: decode calls of <= {DECODE_MAX_TOKENS} rows read the "
+            f"{PAGE_TOKENS}-token SWA pages in place ([N,{PAGE_TOKENS},1,{ROW_BYTES}], stride(0)="
+            f"{PAGE_STRIDE}) via {info.so_path.name} sha256 {info.sha256[:16]} (FlashInfer "
+            f"{info.flashinfer_version}, {'/'.join(info.archs)}, heads {','.join(map(str, info.heads))}); "
+            f"kernel {load}; engine SM120 backend {router.backend()}; other calls keep the stock split")
