@@ -7,9 +7,9 @@ import os
 
 if any(name.startswith("DSV41_") for name in os.environ):
     try:
-        from adapter import installer
+        from adapter import plugin
 
-        installer.bootstrap()
+        plugin.start("sitecustomize")
     except BaseException:  # noqa: BLE001 - site would print one line and carry on
         import sys
         import traceback

@@ -56,6 +56,15 @@ SIDECAR_FORMAT = "dsv41.autotune_keep.launch/1"
 _META_KEY = "_metadata"
 _RECORDS_KEY = "_records"
 _GENERATION_KEY = "_generation"
+
+# Counter keys in receipts.counters["autotune_keep"] (series: adapter/metrics.py KEYS).
+COUNTERS = {
+    "kept": "autotune caches kept: loadable on every rank",
+    "deleted:": "caches deleted before the rank exchange, by kind",
+    "tune:": "ranks that tuned with no cache on disk, by reason",
+    "dropped:": "caches dropped because another rank could not load its own",
+    "sealed": "launch sidecars sealed after the engine saved its cache",
+}
 _WILDCARD = "*"
 
 

@@ -52,6 +52,16 @@ from typing import NamedTuple
 
 from adapter import receipts
 
+# Counter keys in receipts.counters["decode_yield"] (series: adapter/metrics.py KEYS).
+COUNTERS = {
+    "chunks_yielded": "non-final chunks after which decode streams got yield steps",
+    "steps_planned": "decode steps planned before the next chunk",
+    "steps_deferred": "planned decode steps that ran (the chunk waited)",
+    "ended_early_chunked_req_gone": "yields ended because the chunked prompt left (abort, retract)",
+    "ended_early_streams_finished": "yields ended because the decode rows finished",
+    "lone_chunks": "non-final chunks with too few decode rows to yield to",
+}
+
 NAME = "decode_yield"
 KEY = "DSV41_DECODE_YIELD"
 MAX_STEPS = 128

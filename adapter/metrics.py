@@ -5,17 +5,23 @@ the process that counted it, to a prometheus_client Counter in the engine's mult
 directory (PROMETHEUS_MULTIPROC_DIR), which the engine's `/metrics` (a MultiProcessCollector in
 the launcher) already serves. No collector, no registry and no endpoint of ours.
 
-On or off is settled once per process, at the first counter event or adapter hook call after the
-engine has published its config: on when `get_observability().enable_metrics` is set and the
-engine's PROMETHEUS_MULTIPROC_DIR exists. Until then nothing is imported: prometheus_client picks
-its value class (per-process files or in-memory) at its first import, and the launcher sets the
-directory only after our adapters have installed. Off: prometheus_client is never imported from
-here, nothing is written, and the counters become plain Counters again.
+On or off is settled once per process, when the engine publishes its config
+(`runtime_context.publish(server_args, role=...)`, which every engine process calls: the launcher
+as "tokenizer", each scheduler, the detokenizer). The entry points call `arm()` once per process;
+it wraps `publish` when the engine imports runtime_context (pinned like any engine callable we
+wrap, table.INFRA_TOUCHES). Exporting starts when `enable_metrics` is set, the engine's
+PROMETHEUS_MULTIPROC_DIR exists, and an installed adapter counts in this process's role
+(table.COUNTING_ROLE: the scheduler for most, the tokenizer manager for input_guard); otherwise
+the process stays off, quietly. Until then nothing is imported: prometheus_client picks its value
+class (per-process files or in-memory) at its first import, and the launcher sets the directory
+just before it publishes. Off: prometheus_client is never imported from here, nothing is written,
+and no sink is registered with receipts, so counting costs what it costs without metrics. The
+adapters' hooks carry nothing of ours: no per-call settle check.
 
 When exporting starts, the counts made so far are added, every plain series of each installed
-adapter is created at 0 (it is on `/metrics` before its first event), and
-`dsv41_adapter_installed{adapter,version}` is set (1 installed, 0 off; gauge mode "mostrecent",
-as the engine's own gauges). Every counter carries `tp_rank`: the engine keeps its own collectors
+adapter of this role is created at 0 (it is on `/metrics` before its first event), and
+`dsv41_adapter_installed{adapter,version}` is set for the adapters of this role (1 installed,
+0 off; gauge mode "mostrecent", as the engine's own gauges). Every counter carries `tp_rank`: the engine keeps its own collectors
 on attention-TP rank 0 only, ours count on every rank.
 
 Metrics never break serving: an exception here is one fallback line (adapter "metrics") and that
@@ -24,7 +30,6 @@ docs/metrics.md.
 """
 from __future__ import annotations
 
-import collections
 import functools
 import os
 import sys
@@ -115,6 +120,8 @@ _tp_rank = ""
 _metrics: dict = {}             # series name -> prometheus_client metric
 _children: dict = {}            # (adapter, key) -> labelled child
 _dropped: set = set()           # (adapter, key) no longer exported after an error
+_armed = False
+_MARK = "__dsv41_metrics_settle__"
 
 
 def off() -> bool:
@@ -139,26 +146,60 @@ def series_of(adapter: str, key: str) -> tuple[str, tuple[str, ...]]:
     raise LookupError(f"no dsv41 series for the {adapter} counter {key!r}")
 
 
-def counted(adapter: str, key: str, delta: int) -> None:
-    """receipts.Counts: `delta` was just added to counters[adapter][key]."""
-    if _state is True:
-        _export(adapter, key, delta)
-    elif _state is None:
-        settle()        # when it turns exporting on, it adds this increment with the rest
+def arm() -> None:
+    """Settle on/off when the engine publishes its config in this process (idempotent)."""
+    global _armed
+    if _armed:
+        return
+    _armed = True
+    import wrapt
+
+    wrapt.register_post_import_hook(_wrap_publish, ENGINE_CONTEXT)
 
 
-def watch(hook):
-    """An adapter hook (HookRegistry AROUND) that first settles on/off in its process."""
-    @functools.wraps(hook)
-    def settling(original, *args, **kwargs):
-        if _state is None:
-            settle()
-        return hook(original, *args, **kwargs)
+def _wrap_publish(module) -> None:
+    original = module.publish
+    if getattr(original, _MARK, False):
+        return
+    from adapter import pins
 
-    return settling
+    drift = pins.drifted_touches("metrics")
+    if drift:
+        _turn_off(f"engine internal {drift[0]} does not match its pin; dsv41 series not exported")
+        return
+
+    @functools.wraps(original)
+    def publish(*args, **kwargs):
+        result = original(*args, **kwargs)
+        try:
+            settle(kwargs.get("role"))
+        except Exception as exc:  # noqa: BLE001 - metrics never break serving
+            _turn_off(f"settling failed ({type(exc).__name__}: {exc}); dsv41 series not exported")
+        return result
+
+    setattr(publish, _MARK, True)
+    module.publish = publish
+    try:    # modules that did `from runtime_context import publish` before we were armed
+        from sglang.srt.plugins.hook_registry import _propagate_patch
+    except ImportError:     # (unit tests' stand-in runtime_context)
+        _propagate_patch = None
+    if _propagate_patch is not None:
+        _propagate_patch(original, publish, module)
+    role = getattr(module, "publish_role", lambda: None)()
+    if role is not None:                            # published before we were armed
+        settle(role)
 
 
-def settle() -> None:
+def _roles_adapters(role) -> tuple[list[str], list[str]]:
+    """(installed, all enabled-or-off) adapters that count in processes of `role`."""
+    from adapter import installer
+    from adapter.table import COUNTING_ROLE
+
+    mine = [n for n in installer.status() if COUNTING_ROLE.get(n, "scheduler") == role]
+    return [n for n in mine if installer.status()[n].status == "installed"], mine
+
+
+def settle(role=None) -> None:
     """Decide on/off from the engine's published config; a no-op until it is published."""
     if _state is not None:
         return
@@ -173,28 +214,27 @@ def settle() -> None:
         _turn_off(f"could not read the engine's observability config ({type(exc).__name__}: "
                   f"{exc}); dsv41 series not exported")
         return
-    if not enabled:
-        _turn_off(None)
+    installed, mine = _roles_adapters(role)
+    if not enabled or not installed:
+        _turn_off(None)           # nothing of ours counts here, or metrics are off: quietly
     elif not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         _turn_off("--enable-metrics without the engine's PROMETHEUS_MULTIPROC_DIR in this "
                   "process; dsv41 series not exported")
     else:
-        _start(context)
+        _start(context, installed, mine)
 
 
 def _turn_off(reason: str | None) -> None:
     global _state
     _state = False
+    receipts.remove_sink(_export)
     _metrics.clear()
     _children.clear()
-    for counts in receipts.counters.values():
-        if type(counts) is receipts.Counts:
-            counts.__class__ = collections.Counter   # nothing left on the counting path
     if reason is not None:
         receipts.fallback(NAME, reason)
 
 
-def _start(context) -> None:
+def _start(context, installed: list[str], mine: list[str]) -> None:
     global _state, _tp_rank
     try:
         try:
@@ -203,18 +243,18 @@ def _start(context) -> None:
             _tp_rank = ""
         import prometheus_client
 
-        from adapter import __version__, installer
+        from adapter import __version__
 
         gauge = prometheus_client.Gauge(INSTALLED, INSTALLED_HELP, ("adapter", "version"),
                                         registry=None, multiprocess_mode="mostrecent")
-        installed = [n for n, st in installer.status().items() if st.status == "installed"]
-        for name in installer.status():
+        for name in mine:
             gauge.labels(name, __version__).set(1 if name in installed else 0)
         _metrics[INSTALLED] = gauge
         # What was counted before this moment; from here on each increment is exported as made.
         before = [(name, key, value) for name, counts in list(receipts.counters.items())
                   for key, value in list(counts.items()) if value > 0]
         _state = True
+        receipts.add_sink(_export)
     except Exception as exc:  # noqa: BLE001 - metrics never break serving
         _turn_off(f"exporter failed to start ({type(exc).__name__}: {exc}); dsv41 series not "
                   "exported, receipts keep counting")
@@ -260,10 +300,7 @@ def reset_for_tests() -> None:
     """Back to "not settled" (unit tests that publish configs of their own)."""
     global _state, _tp_rank
     _state, _tp_rank = None, ""
+    receipts.remove_sink(_export)
     _metrics.clear()
     _children.clear()
     _dropped.clear()
-    for name, counts in receipts.counters.items():
-        if type(counts) is collections.Counter:
-            counts.__class__ = receipts.Counts
-            counts.adapter = name

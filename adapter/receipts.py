@@ -4,14 +4,15 @@ Records go to the logger "sglang.dsv41" (under the engine's "sglang" hierarchy).
 while the engine is still importing, before it configures logging, so until the root logger has a
 handler our own stderr handler prints them; once the engine has configured logging, records
 propagate to its handlers instead (never both).
+
+A leaf module: it imports nothing of ours. adapter/metrics.py reads the counters from here and
+registers itself as a sink while it exports.
 """
 from __future__ import annotations
 
 import collections
 import logging
 import sys
-
-from adapter import metrics
 
 LOGGER_NAME = "sglang.dsv41"
 PREFIX = "[dsv41]"
@@ -41,36 +42,50 @@ _setup()
 _seen_fallbacks: set[tuple[str, str]] = set()
 
 
-class Counts(collections.Counter):
-    """One adapter's counters: the one source of receipts and of the dsv41_* Prometheus series.
+_sinks: list = []       # callables (adapter, key, delta): metrics registers one while exporting
 
-    Each increment is also handed to adapter/metrics.py, which exports it while the engine runs
-    with --enable-metrics. Once metrics are known to be off in this process, every Counts goes
-    back to a plain Counter (adapter/metrics.py), so nothing is left on the counting path.
-    Copies (Counter.copy(), pickling) carry no adapter name and are not exported.
+
+def add_sink(sink) -> None:
+    """Hand every later increment of every adapter's counters to `sink(adapter, key, delta)`.
+    A sink must not raise (metrics catches its own errors)."""
+    if sink not in _sinks:
+        _sinks.append(sink)
+
+
+def remove_sink(sink) -> None:
+    if sink in _sinks:
+        _sinks.remove(sink)
+
+
+class Counts(collections.Counter):
+    """One adapter's counters: the one source of receipt lines and of the dsv41_* series.
+
+    With no sink registered (metrics off or not settled yet) an increment costs one list check
+    more than a plain Counter. Copies (Counter.copy(), pickling) carry no adapter name and are
+    not handed on.
     """
 
     adapter: str | None = None
 
     def __setitem__(self, key, value):
-        old = self.get(key, 0)
-        super().__setitem__(key, value)
-        if self.adapter is not None and value > old:
-            metrics.counted(self.adapter, key, value - old)
+        if _sinks and self.adapter is not None:
+            delta = value - self.get(key, 0)
+            super().__setitem__(key, value)
+            if delta > 0:
+                for sink in _sinks:
+                    sink(self.adapter, key, delta)
+        else:
+            super().__setitem__(key, value)
 
 
 class _ByAdapter(dict):
-    def __missing__(self, adapter: str) -> collections.Counter:
-        if metrics.off():
-            counts = collections.Counter()
-        else:
-            counts = Counts()
-            counts.adapter = adapter
-        self[adapter] = counts
+    def __missing__(self, adapter: str) -> Counts:
+        counts = self[adapter] = Counts()
+        counts.adapter = adapter
         return counts
 
 
-counters: dict[str, collections.Counter] = _ByAdapter()
+counters: dict[str, Counts] = _ByAdapter()
 
 
 def installed(adapter: str, detail: str) -> None:

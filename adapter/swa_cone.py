@@ -40,6 +40,14 @@ CAND_ATTR = "_dsv41_cone_candidate"
 FLOOR_ATTR = "_dsv41_cone_floor"
 MAX_PENDING_PLANS = 4096
 
+# Counter keys in receipts.counters["swa_cone"] (series: adapter/metrics.py KEYS).
+COUNTERS = {
+    "candidates": "matches whose lost SWA window could be replayed",
+    "plans": "replays planned",
+    "replay_tokens": "tokens replayed by the planned replays",
+    "copies": "replay copies of full-attention latents into the replay rows",
+}
+
 _PLAN_FIELDS = ("prefix_len", "last_node", "last_host_node", "best_match_node", "host_hit_length",
                 "swa_host_hit_length", "num_matched_prefix_tokens", "swa_branching_seqlen")
 

@@ -32,14 +32,17 @@ from adapter import receipts
 NAME = "swa_thin"
 RECEIPT_EVERY = 1024
 
+# Counter keys in receipts.counters["swa_thin"] (series: adapter/metrics.py KEYS).
+COUNTERS = {
+    "hooked_inserts": "checkpoint_into_tree calls seen",
+    "checkpoints_passed": "checkpoints whose request moved past them",
+    "nodes_moved": "SWA LRU nodes moved to the evict-first end",
+    "kept:": "nodes of a passed checkpoint left in place, by reason (in-new-window, locked, session)",
+    "core:": "caches built, by the tree core serving them",
+}
 
-# Counters live in the one counter source, receipts.counters["swa_thin"] (a Counter):
-#   hooked_inserts       checkpoint_into_tree calls seen
-#   checkpoints_passed   checkpoints whose request moved past them
-#   nodes_moved          SWA LRU nodes moved to the evict-first end
-#   kept:<reason>        nodes of a passed checkpoint left in place (in-new-window, locked, session)
-#   core:<rust|python>   one per cache built: the tree core that serves it
-#   fallback:<reason>    receipts.fallback
+
+# fallback:<reason> is counted by receipts.fallback, as for every adapter.
 KEPT = "kept:"
 _at_last_line = {"checkpoints_passed": 0, "nodes_moved": 0, "kept": 0}   # totals at the last receipt
 
@@ -205,7 +208,7 @@ def _has_swa(params) -> bool:
 
 
 def _check_lru_api() -> None:
-    from adapter.installer import Refusal
+    from adapter.refusal import Refusal
     from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedLRUList
 
     missing = [a for a in ("remove_node", "insert_after", "insert_mru") if not hasattr(UnifiedLRUList, a)]

@@ -5,6 +5,11 @@ applied in table order, the first row innermost: an adapter further down the tab
 result of the ones above it. Adapters that share a callable are installed together in one pass,
 so that order holds whichever engine module a process imports first.
 The keys of each adapter live in adapter/keys.py (the key registry).
+
+Each row also declares what its hook *touches*: every engine (or FlashInfer) internal it reads or
+calls without wrapping it, as "module:qualname" ("module:Class.attr" for an attribute the class
+sets on its instances). adapter/pins.json pins them beside the wrapped callables, and drift in one
+refuses the adapter at boot exactly as drift in a wrapped callable does (adapter/pins.py).
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ class Hook:
     adapter: str      # adapter name == module adapter/<name>.py
     module: str       # engine module that defines the callable
     qualname: str     # "Class.method" or "function"
+    touches: tuple[str, ...] = ()   # engine internals the hook reads or calls ("module:qualname")
 
     @property
     def target(self) -> str:
@@ -34,33 +40,111 @@ _TREE_CORES = "sglang.srt.mem_cache.unified_cache.tree_core_registry"
 _SM120 = "sglang.kernels.ops.attention.flash_mla_sm120"
 _AUTOTUNE = "sglang.srt.model_executor.runner.flashinfer_autotune"
 
+_SB = "sglang.srt.managers.schedule_batch"
+_UTC = "sglang.srt.mem_cache.unified_cache.unified_tree_core"
+_DSV4 = "sglang.srt.layers.attention.deepseek_v4_backend"
+_FB = "sglang.srt.model_executor.forward_batch_info"
+_RC = "sglang.srt.runtime_context"
+_FI_SM120 = "flashinfer.mla._sparse_mla_sm120"
+
 HOOKS: tuple[Hook, ...] = (
     # swan: SM12x sparse decode reads 256-token SWA pages in place (the SM12x decode entry;
     # calls it cannot serve go to the stock function, which keeps _split_kv_pages_to_64).
-    Hook("swan", _SM120, "flash_mla_with_kvcache_sm120"),
+    Hook("swan", _SM120, "flash_mla_with_kvcache_sm120", touches=(
+        f"{_FI_SM120}._prepared:resolve_execution", f"{_FI_SM120}._prepared:device_caps",
+        f"{_FI_SM120}._calibration:refresh_store", f"{_FI_SM120}._execution:AttentionMetadata",
+        f"{_SM120}:_split_kv_pages_to_64")),
     # decode yield: defer the next chunk of a chunked prefill through the engine's own path.
-    Hook("decode_yield", _SCHED, "Scheduler.get_next_batch_to_run"),
-    Hook("decode_yield", _SCHED, "Scheduler._should_defer_prefill"),
-    Hook("decode_yield", _SCHED, "Scheduler._arm_prefill_decode_interval"),
+    Hook("decode_yield", _SCHED, "Scheduler.get_next_batch_to_run", touches=(
+        f"{_SB}:NextBatchPlan.batch_to_run", f"{_SB}:NextBatchPlan.running_batch",
+        f"{_SB}:ScheduleBatch.reqs", f"{_SB}:ScheduleBatch.decoding_reqs",
+        f"{_SB}:Req.seqlen", f"{_SB}:Req.rid",
+        f"{_SCHED}:Scheduler.chunked_req", f"{_SCHED}:Scheduler.prefill_decode_interval",
+        f"{_SCHED}:Scheduler.prefill_decode_interval_min_bs")),
+    Hook("decode_yield", _SCHED, "Scheduler._should_defer_prefill", touches=(
+        f"{_SB}:ScheduleBatch.batch_size",)),
+    Hook("decode_yield", _SCHED, "Scheduler._arm_prefill_decode_interval", touches=(
+        f"{_SB}:ScheduleBatch.forward_mode", f"{_SB}:ScheduleBatch.extend_lens",
+        f"{_SB}:ScheduleBatch.prefix_lens", f"{_FB}:ForwardMode.is_extend",
+        f"{_SCHED}:Scheduler.require_mlp_sync", f"{_SCHED}:Scheduler.dllm_config",
+        f"{_RC}:get_parallel")),
     # swa_thin (before swa_cone): moved-past checkpoints to the SWA LRU's evict-first end; with
     # the key set the engine's backend selection picks the Python tree core (Rust has no LRU API).
-    Hook("swa_thin", _URC, "UnifiedRadixCache.checkpoint_into_tree"),
-    Hook("swa_thin", _TREE_CORES, "select_tree_core_backend"),
+    Hook("swa_thin", _URC, "UnifiedRadixCache.checkpoint_into_tree", touches=(
+        f"{_UTC}:UnifiedLRUList.__init__",          # sets _pt, head, tail, mid, cache, _is_referenced
+        f"{_UTC}:UnifiedLRUList.remove_node", f"{_UTC}:UnifiedLRUList.insert_after",
+        f"{_UTC}:UnifiedLRUList.insert_mru",
+        f"{_UTC}:UnifiedTreeNode.__init__",         # sets lru_prev, component_data, key, parent, id
+        f"{_UTC}:UnifiedTreeCore.node_by_id", f"{_UTC}:UnifiedTreeCore.is_root",
+        f"{_UTC}:UnifiedTreeCore.lru_lists", f"{_UTC}:UnifiedTreeCore.root_node",
+        f"{_UTC}:UnifiedTreeCore.page_size",
+        f"{_URC}:UnifiedRadixCache.tree_core", f"{_URC}:UnifiedRadixCache.components",
+        f"{_URC}:UnifiedRadixCache.is_swa_enabled", f"{_URC}:UnifiedRadixCache.disable",
+        "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.sliding_window_size",
+        "sglang.srt.mem_cache.unified_cache.components.base:ComponentType",
+        f"{_SB}:Req.lock", f"{_SB}:Req.last_node")),
+    Hook("swa_thin", _TREE_CORES, "select_tree_core_backend", touches=(
+        "sglang.srt.mem_cache.unified_cache.components.base:ComponentType",)),
     # swa_cone: re-match on full KV and plan a one-chunk replay in the PrefillAdder path; the
     # first pass copies the resident latents / index keys, masks the replay rows' writes, floors
     # their window (forward side, DSV4 attention backend).
-    Hook("swa_cone", _URC, "UnifiedRadixCache.match_prefix"),
-    Hook("swa_cone", _POLICY, "PrefillAdder.add_one_req"),
+    Hook("swa_cone", _URC, "UnifiedRadixCache.match_prefix", touches=(
+        f"{_URC}:UnifiedRadixCache._match_tree", f"{_URC}:UnifiedRadixCache.root_node_handle",
+        f"{_URC}:UnifiedRadixCache.supports_swa", f"{_URC}:UnifiedRadixCache.page_size",
+        f"{_UTC}:UnifiedTreeCore.collect_full_device_indices",
+        "sglang.srt.mem_cache.base_prefix_cache:MatchPrefixParams",
+        "sglang.srt.mem_cache.radix_cache:RadixKey.__init__",
+        "sglang.srt.mem_cache.base_prefix_cache:MatchResult",
+        "sglang.srt.layers.attention.attention_registry:_is_hip",
+        "sglang.srt.layers.attention.attention_registry:_is_npu",
+        f"{_RC}:attention_backends")),
+    Hook("swa_cone", _POLICY, "PrefillAdder.add_one_req", touches=(
+        f"{_POLICY}:PrefillAdder.can_run_list", f"{_POLICY}:PrefillAdder.tree_cache",
+        f"{_URC}:UnifiedRadixCache.lock", f"{_URC}:UnifiedRadixCache.unlock",
+        f"{_SB}:Req.prefix_len", f"{_SB}:Req.last_node", f"{_SB}:Req.lock",
+        f"{_SB}:Req.full_untruncated_fill_ids", f"{_SB}:Req.extend_end",
+        f"{_SB}:Req.num_matched_prefix_tokens", f"{_SB}:Req.swa_branching_seqlen",
+        f"{_SB}:Req.host_hit_length", f"{_SB}:Req.swa_host_hit_length")),
     Hook("swa_cone", _POLICY, "PrefillAdder._select_prefill_admission"),
-    Hook("swa_cone", "sglang.srt.layers.attention.deepseek_v4_backend",
-         "DeepseekV4AttnBackend._build_forward_metadata"),
-    Hook("swa_cone", "sglang.srt.layers.attention.deepseek_v4_backend",
-         "DeepseekV4AttnBackend.init_forward_metadata_prefill"),
+    Hook("swa_cone", _DSV4, "DeepseekV4AttnBackend._build_forward_metadata", touches=(
+        f"{_DSV4}:DeepseekV4AttnBackend._compressor_out_loc",   # sends masked rows to slot 0
+        f"{_FB}:ForwardBatch.encoder_swa_compress_rows", f"{_FB}:ForwardBatch.encoder_swa_row_floor",
+        f"{_FB}:ForwardBatch.encoder_swa_replay", f"{_FB}:ForwardBatch.extend_prefix_lens_cpu",
+        f"{_FB}:ForwardBatch.extend_seq_lens_cpu", f"{_FB}:ForwardBatch.req_pool_indices_cpu",
+        f"{_FB}:ForwardBatch.rids",
+        "sglang.srt.mem_cache.deepseek_v4_memory_pool:DeepSeekV4TokenToKVPool._init_compressed_pools")),
+    Hook("swa_cone", _DSV4, "DeepseekV4AttnBackend.init_forward_metadata_prefill"),
     # autotune_keep: rank agreement on loadability; launch sidecar.
-    Hook("autotune_keep", _AUTOTUNE, "_autotune_cache_digest"),
+    Hook("autotune_keep", _AUTOTUNE, "_autotune_cache_digest", touches=(
+        "flashinfer.autotuner.autotuner:_collect_metadata",)),
     Hook("autotune_keep", _AUTOTUNE, "_drop_diverged_autotune_cache"),
-    Hook("autotune_keep", _AUTOTUNE, "flashinfer_autotune_context"),
+    Hook("autotune_keep", _AUTOTUNE, "flashinfer_autotune_context", touches=(
+        f"{_AUTOTUNE}:_autotune_tactic_sync_group", f"{_AUTOTUNE}:flashinfer_autotune_cache_path",
+        f"{_AUTOTUNE}:get_parallel", f"{_AUTOTUNE}:envs")),
 )
+
+# What the installer and the metrics exporter touch themselves (checked with every adapter's
+# install; drift in the installer's refuses every adapter, in metrics' turns exporting off).
+INFRA_TOUCHES: dict[str, tuple[str, ...]] = {
+    "installer": (
+        "sglang.srt.plugins.hook_registry:HookRegistry.register",
+        "sglang.srt.plugins.hook_registry:HookRegistry.apply_hooks",
+        "sglang.srt.plugins.hook_registry:HookRegistry._apply_target",
+        "sglang.srt.plugins.hook_registry:HookRegistry._hooks",
+        "sglang.srt.plugins.hook_registry:HookRegistry._patched",
+        "sglang.srt.plugins.hook_registry:HookSource",
+        "sglang.srt.plugins.hook_registry:_wrap_fn",
+        "sglang.srt.plugins.hook_registry:_propagate_patch",
+    ),
+    "metrics": (
+        f"{_RC}:publish", f"{_RC}:publish_role", f"{_RC}:get_context", f"{_RC}:get_observability",
+        f"{_RC}:get_parallel", f"{_RC}:RuntimeContext.is_config_namespace_published",
+        "sglang.srt.plugins.hook_registry:_propagate_patch",
+    ),
+}
+
+# The process role whose engine publish() settles an adapter's counters (adapter/metrics.py).
+COUNTING_ROLE: dict[str, str] = {}      # default "scheduler"
 
 ADAPTERS: tuple[str, ...] = tuple(dict.fromkeys(h.adapter for h in HOOKS))
 

@@ -1,6 +1,8 @@
 """`dsv41 check` on the shipped production profile, in a child Python, as the image build runs it."""
 import json
 
+import pytest
+
 from conftest import REPO_ROOT, run_python
 
 PROFILE = str(REPO_ROOT / ".env.tp4.example")
@@ -40,3 +42,52 @@ def test_bad_key_fails_the_check_with_the_key_named(tmp_path):
 def test_unknown_line_is_a_clear_error():
     proc = run_python(CLI, argv=("check", "--profile", PROFILE, "--line", "nosuch"))
     assert proc.returncode == 2 and "no line 'nosuch'" in proc.stderr
+
+
+ONE_KEY = 'EXTRA_CONTAINER_ENV="DSV41_DECODE_YIELD=33"\nEXTRA_SGLANG_ARGS=""\n'
+
+
+def _repo_copy(dst, sitecustomize=None):
+    """The tracked files of this repo, as a fresh clone has them, optionally with another
+    sitecustomize.py (untracked build outputs such as the swan module are not copied)."""
+    import shutil
+    import subprocess
+
+    files = subprocess.run(["git", "ls-files"], cwd=REPO_ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    for name in files:
+        src = REPO_ROOT / name
+        if src.is_file():
+            (dst / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst / name)
+    if sitecustomize is not None:
+        (dst / "sitecustomize.py").write_text(sitecustomize)
+    (dst / "one.env").write_text(ONE_KEY)
+    return dst
+
+
+def _check_in(copy):
+    # The copy's own CLI, with the copy on PYTHONPATH: check's child then runs the copy's files.
+    return run_python(CLI, argv=("check", "--profile", str(copy / "one.env"), "--json"),
+                      env={"PYTHONPATH": str(copy)}, cwd=copy, timeout=600)
+
+
+def test_check_runs_the_repos_sitecustomize_and_reports_the_entry(tmp_path):
+    proc = _check_in(_repo_copy(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    rows = {r["adapter"]: r for r in json.loads(proc.stdout)}
+    assert rows["decode_yield"]["installed"]
+    assert {(r["entry"], r["entry_path"]) for r in rows.values()} == {("sitecustomize", "sitecustomize.py")}
+
+
+@pytest.mark.parametrize("broken, cause", [
+    ("raise RuntimeError('sitecustomize broken by the test')\n",
+     "RuntimeError: sitecustomize broken by the test"),
+    ("import os  # the bootstrap call was lost\n",
+     "the installer was never armed in the child: sitecustomize.py did not run it"),
+])
+def test_a_broken_sitecustomize_fails_the_check_naming_the_cause(tmp_path, broken, cause):
+    proc = _check_in(_repo_copy(tmp_path, sitecustomize=broken))
+    assert proc.returncode != 0, proc.stdout
+    rows = {r["adapter"]: r for r in json.loads(proc.stdout)}
+    assert not rows["decode_yield"]["installed"] and cause in rows["decode_yield"]["reason"], rows

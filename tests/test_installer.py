@@ -142,3 +142,52 @@ def test_repeated_installs_in_one_process_apply_every_time(install_adapters):
     ours = [t for t, hooks in HookRegistry._hooks.items()
             if any(h[2] and h[2].dist_name == installer.PLUGIN_NAME for h in hooks)]
     assert ours == [] and not any(h == [] for h in HookRegistry._hooks.values())
+
+
+TOUCH_DRIFT_CHILD = r"""
+import importlib, sys
+from adapter import installer
+from adapter.cpu import cpu_engine
+from adapter.table import hooks_of
+cpu_engine.install_torchvision_shim()
+adapter, key, touched = sys.argv[1:4]
+module_name, _, qualname = touched.partition(":")
+module = importlib.import_module(module_name)
+if qualname.count(".") == 0 and not callable(getattr(module, qualname)):
+    delattr(module, qualname)                   # the engine dropped this module attribute
+    print("ALTERED missing", flush=True)
+else:                                           # the engine changed this callable's source
+    print("ALTERED", cpu_engine.drift_callable(module, qualname), flush=True)
+installer.bootstrap(environ={key: "33" if key == "DSV41_DECODE_YIELD" else "1"})
+for row in hooks_of(adapter):
+    importlib.import_module(row.module)
+print("UNREACHED", flush=True)
+"""
+
+
+@pytest.mark.parametrize("adapter, key, touched", [
+    ("swan", "DSV41_SWA_NATIVE_DECODE", "sglang.kernels.ops.attention.flash_mla_sm120:_split_kv_pages_to_64"),
+    ("decode_yield", "DSV41_DECODE_YIELD", "sglang.srt.managers.schedule_batch:ScheduleBatch.batch_size"),
+    ("swa_thin", "DSV41_SWA_THIN", "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedLRUList.insert_after"),
+    ("swa_cone", "DSV41_SWA_CONE_REPLAY", "sglang.srt.layers.attention.attention_registry:_is_hip"),
+    ("autotune_keep", "DSV41_AUTOTUNE_KEEP",
+     "sglang.srt.model_executor.runner.flashinfer_autotune:_autotune_tactic_sync_group"),
+])
+def test_drift_in_a_touched_internal_refuses_naming_the_key(adapter, key, touched):
+    """Not wrapped, only read or called: drift there stops the boot exactly as a wrapped one does."""
+    assert touched in pins.touches_of(adapter)
+    proc = run_python(TOUCH_DRIFT_CHILD, argv=(adapter, key, touched))
+    assert "ALTERED" in proc.stdout and "UNREACHED" not in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    found = proc.stdout.split("ALTERED ")[1].split()[0]
+    [fatal] = [ln for ln in proc.stderr.splitlines() if "FATAL" in ln]
+    assert f"{adapter} refused to install: engine internal {touched}" in fatal
+    assert f"expected {pins.load_touches()[touched]}, found {found}" in fatal and f"Unset {key}" in fatal
+
+
+def test_every_touched_internal_is_pinned_and_matches_the_engine():
+    touched = pins.all_touches()
+    assert len(touched) >= 80 and set(pins.load_touches()) == set(touched)
+    assert {t: pins.fingerprint(t) for t in touched} == pins.load_touches()
+    for name in ADAPTERS:
+        assert pins.touches_of(name), f"{name} declares no touched internals"

@@ -1,10 +1,12 @@
 """adapter/metrics.py: receipts' counters as dsv41_* series, settled from the engine's config.
 
-The children stand in for the engine's runtime_context (the one interface metrics.py reads:
-is the observability namespace published, enable_metrics, tp_rank); tests/e2e/test_e2e_metrics.py
-runs the real engine with --enable-metrics.
+The children stand in for the engine's runtime_context (the interface metrics.py reads: publish,
+is the observability namespace published, enable_metrics, tp_rank): publishing a real config needs
+a model; tests/e2e/test_e2e_metrics.py runs the real engine with --enable-metrics. Their fake
+`publish` cannot match the engine's pin, so the children skip that one check (pins.drifted_touches
+is stubbed for "metrics" only); test_a_drifted_publish_turns_exporting_off keeps it.
 """
-import re
+import importlib
 
 from conftest import REPO_ROOT, run_python
 
@@ -13,7 +15,7 @@ from adapter.table import ADAPTERS
 
 FAKE_ENGINE = r"""
 import os, sys, types
-published = {"on": False}
+published = {"on": False, "role": None}
 class Obs:
     enable_metrics = os.environ["TEST_ENABLE_METRICS"] == "1"
 class Ctx:
@@ -25,8 +27,16 @@ rc = types.ModuleType("sglang.srt.runtime_context")
 rc.get_context = lambda: Ctx()
 rc.get_observability = lambda: Obs()
 rc.get_parallel = lambda: Par()
+def publish(server_args, *, role):
+    published.update(on=True, role=role)
+rc.publish = publish
+rc.publish_role = lambda: published["role"]
 sys.modules["sglang.srt.runtime_context"] = rc
-from adapter import installer, metrics, receipts
+from adapter import installer, metrics, pins, receipts
+if os.environ.get("TEST_KEEP_PIN") != "1":
+    real_drift = pins.drifted_touches
+    pins.drifted_touches = lambda name: [] if name == "metrics" else real_drift(name)
+metrics.arm()
 for name in ("swa_thin", "decode_yield"):
     installer._state.adapters[name] = installer.AdapterState("installed")
 installer._state.adapters["swan"] = installer.AdapterState("off")
@@ -49,9 +59,9 @@ def _child(body, tmp_path, enable):
 ON_CHILD = r"""
 c = receipts.counters["swa_thin"]
 c["hooked_inserts"] += 2                 # before the engine published its config
-assert "prometheus_client" not in sys.modules and metrics._state is None
-published["on"] = True
-c["nodes_moved"] += 5                    # settles: on; adds what was counted before
+assert "prometheus_client" not in sys.modules and metrics._state is None and not receipts._sinks
+rc.publish(None, role="scheduler")       # settles: on; adds what was counted before
+c["nodes_moved"] += 5
 c["kept:locked"] += 1
 receipts.fallback("swa_thin", "reason A")
 receipts.fallback("swa_thin", "reason A")
@@ -78,25 +88,48 @@ def test_on_exports_every_count_once_with_the_catch_up(tmp_path):
 
 
 OFF_CHILD = r"""
-published["on"] = True
+rc.publish(None, role=sys.argv[1])
 c = receipts.counters["swa_thin"]
 c["nodes_moved"] += 5
 receipts.fallback("swa_thin", "reason A")
 c["nodes_moved"] += 1
 print("IMPORTED", "prometheus_client" in sys.modules, "STATE", metrics._state,
-      "PLAIN", type(c).__name__, type(receipts.counters["new"]).__name__, "COUNT", c["nodes_moved"])
+      "SINKS", len(receipts._sinks), "COUNT", c["nodes_moved"])
 """
 
 
 def test_off_imports_nothing_writes_nothing_and_keeps_counting(tmp_path):
     """The flag decides, not the directory: PROMETHEUS_MULTIPROC_DIR is set, enable_metrics is not."""
-    out = _child(OFF_CHILD, tmp_path, "0").stdout
-    assert "IMPORTED False STATE False PLAIN Counter Counter COUNT 6" in out
+    proc = run_python(FAKE_ENGINE + OFF_CHILD, argv=("scheduler",),
+                      env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "TEST_ENABLE_METRICS": "0"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "IMPORTED False STATE False SINKS 0 COUNT 6" in proc.stdout
     assert list(tmp_path.iterdir()) == []
+    assert "[dsv41] metrics" not in proc.stderr
+
+
+def test_a_process_where_no_installed_adapter_counts_stays_off_quietly(tmp_path):
+    """--enable-metrics on, but the detokenizer publishes: none of our adapters counts there."""
+    proc = run_python(FAKE_ENGINE + OFF_CHILD, argv=("detokenizer",),
+                      env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "TEST_ENABLE_METRICS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "IMPORTED False STATE False SINKS 0 COUNT 6" in proc.stdout
+    assert list(tmp_path.iterdir()) == [] and "[dsv41] metrics" not in proc.stderr
+
+
+def test_a_drifted_publish_turns_exporting_off(tmp_path):
+    """The fake publish is not the engine's: with its pin kept, exporting never starts."""
+    proc = run_python(FAKE_ENGINE + OFF_CHILD, argv=("scheduler",),
+                      env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "TEST_ENABLE_METRICS": "1",
+                           "TEST_KEEP_PIN": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "IMPORTED False STATE False SINKS 0" in proc.stdout
+    lines = [ln for ln in proc.stderr.splitlines() if "[dsv41] metrics fallback:" in ln]
+    assert len(lines) == 1 and "sglang.srt.runtime_context:publish" in lines[0], proc.stderr
 
 
 ERROR_CHILD = r"""
-published["on"] = True
+rc.publish(None, role="scheduler")
 c = receipts.counters["swa_thin"]
 c["nodes_moved"] += 1
 c["no such key"] += 1                     # no series: dropped, one fallback line
@@ -121,7 +154,6 @@ def test_an_exporter_error_is_one_fallback_line_and_the_counter_dropped(tmp_path
 
 
 START_FAIL_CHILD = r"""
-published["on"] = True
 import builtins
 real_import = builtins.__import__
 def broken(name, *a, **k):
@@ -129,6 +161,7 @@ def broken(name, *a, **k):
         raise ImportError("planted")
     return real_import(name, *a, **k)
 builtins.__import__ = broken
+rc.publish(None, role="scheduler")
 c = receipts.counters["swa_thin"]
 c["nodes_moved"] += 1
 c["nodes_moved"] += 1
@@ -143,23 +176,14 @@ def test_a_failed_start_is_one_fallback_line_and_serving_goes_on(tmp_path):
     assert len(lines) == 1 and "exporter failed to start (ImportError: planted)" in lines[0]
 
 
-def test_every_counter_key_the_adapters_use_has_a_series():
-    """Each `counters[...]` key written in adapter/*.py (literal or f-string prefix) maps."""
-    found = set()
+def test_every_declared_counter_key_has_a_series_and_every_series_key_is_declared():
+    """Each adapter declares its counter keys (module-level COUNTERS); metrics maps exactly those."""
     for adapter in ADAPTERS:
-        text = (REPO_ROOT / "adapter" / f"{adapter}.py").read_text()
-        for f, key in re.findall(r'(?:counters|counts\(\)|\bc)\[(f?)"([^"]+)"\]', text):
-            key = key.split("{", 1)[0] if f else key
-            if key in ADAPTERS:
-                continue        # receipts.counters["swa_thin"]: the adapter, not a key
-            found.add((adapter, key + ("x" if key.endswith(":") else "")))
-        for key in re.findall(r'"(ended_early_[a-z_]+)"', text):
-            found.add((adapter, key))
-    found.add(("swa_thin", "kept:locked"))       # counts()[KEPT + reason]
-    assert {a for a, _ in found} == set(ADAPTERS) and len(found) >= 20, found
-    for adapter, key in sorted(found):
-        name, values = metrics.series_of(adapter, key)
-        assert name in metrics.SERIES and len(values) == len(metrics.SERIES[name][1]), (adapter, key)
+        declared = set(importlib.import_module(f"adapter.{adapter}").COUNTERS)
+        assert declared == set(metrics.KEYS.get(adapter, {})), adapter
+        for key in declared:
+            name, values = metrics.series_of(adapter, key + ("x" if key.endswith(":") else ""))
+            assert name in metrics.SERIES and len(values) == len(metrics.SERIES[name][1]), (adapter, key)
     assert metrics.series_of("swan", "fallback:why") == ("dsv41_fallbacks", ("swan", "why"))
 
 

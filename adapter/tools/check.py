@@ -1,14 +1,17 @@
 """`dsv41 check`: install a profile line into the pinned engine in a child Python, report.
 
-The child runs with exactly the line's environment (plus PATH/HOME and PYTHONPATH=<repo root>, as
-the image sets it) and the line's launch arguments as its argv, so sitecustomize.py arms the
-installer the way it does in production. The child then imports every engine module of the
-table and writes each adapter's state as JSON. Exit 0 only when every enabled adapter installed.
+The child starts exactly as a production process of the image does: the line's environment (plus
+PATH/HOME/locale), PYTHONPATH=<repo root> and nothing else, the line's launch arguments as argv.
+So the repo's sitecustomize.py arms the installer, or nothing does: the child never arms it
+itself. It then imports every engine module of the table and writes each adapter's state and the
+entry that armed the installer (`sitecustomize` with the module's path relative to the repo, or
+`plugin`). Exit 0 only when every enabled adapter installed.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import pathlib
 import subprocess
 import sys
@@ -18,7 +21,9 @@ from adapter import keys
 from adapter.tools.profile import Line
 from adapter.table import ADAPTERS, HOOKS
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]     # adapter/tools/check.py -> repo
+NOT_ARMED = ("the installer was never armed in the child: sitecustomize.py did not run it "
+             "(is {root}/sitecustomize.py the one Python imported?)")
 BASE_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
 
 
@@ -35,19 +40,44 @@ def run(line: Line) -> tuple[int, list[dict], str]:
         out = pathlib.Path(tmp) / "report.json"
         proc = subprocess.run([sys.executable, "-m", "adapter.tools.check", "--child", str(out), *line.args],
                               env=child_env(line), cwd=REPO_ROOT, capture_output=True, text=True)
-        states = json.loads(out.read_text()) if out.exists() else {}
+        report = json.loads(out.read_text()) if out.exists() else {}
+    states, entry, entry_path = report.get("adapters", {}), report.get("entry"), report.get("entry_path")
     rows = []
     for name in ADAPTERS:
         state = states.get(name)
         adapter_keys = {k.name: line.env[k.name] for k in keys.KEYS
                         if k.adapter == name and k.name in line.env}
         if state is None:
-            reason = _last_fatal(proc.stderr) or f"child exited {proc.returncode}"
+            reason = _last_fatal(proc.stderr) or _site_error(proc.stderr) or (
+                NOT_ARMED.format(root=REPO_ROOT.name) if out_written(report) and adapter_keys
+                else _last_error(proc.stderr) or f"child exited {proc.returncode}")
             state = {"status": "refused" if adapter_keys else "off", "pin_ok": None, "detail": reason}
         rows.append({"adapter": name, "keys": adapter_keys, "enabled": state["status"] != "off",
                      "pin_ok": state["pin_ok"], "installed": state["status"] == "installed",
-                     "status": state["status"], "reason": state["detail"]})
+                     "status": state["status"], "reason": state["detail"],
+                     "entry": entry, "entry_path": entry_path})
     return proc.returncode, rows, proc.stderr
+
+
+def out_written(report: dict) -> bool:
+    return "adapters" in report
+
+
+def _site_error(stderr: str) -> str:
+    """`site` prints one line when sitecustomize raises, and the process carries on unarmed."""
+    lines = stderr.splitlines()
+    at = [i for i, ln in enumerate(lines) if ln.startswith("Error in sitecustomize")]
+    if not at:
+        return ""
+    error = lines[at[-1] + 1].strip() if at[-1] + 1 < len(lines) else lines[at[-1]]
+    return f"sitecustomize.py raised, so the installer was never armed: {error}"
+
+
+def _last_error(stderr: str) -> str:
+    """The last line of a traceback (`site` or the bootstrap printing one), else ''."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", ln)]
+    return errors[-1] if errors else ""
 
 
 def _last_fatal(stderr: str) -> str:
@@ -73,18 +103,23 @@ def format_table(rows: list[dict]) -> str:
 
 
 def _child(out_path: str) -> int:
-    """Inside the child: import the engine modules of the table, report each adapter's state."""
+    """Inside the child: import the engine modules of the table, report each adapter's state and
+    the entry that armed the installer. Never arms the installer itself."""
     from adapter import installer
     from adapter.cpu import cpu_engine
 
     installer.set_mode("report")
-    installer.bootstrap()   # already armed by sitecustomize when a key is set; else arms nothing
     cpu_engine.install_torchvision_shim()   # only where no real torchvision is importable
     for module in dict.fromkeys(h.module for h in HOOKS):
         __import__(module)
     states = {name: {"status": s.status, "pin_ok": s.pin_ok, "detail": s.detail}
               for name, s in installer.status().items()}
-    pathlib.Path(out_path).write_text(json.dumps(states))
+    entry, entry_path = installer.entry(), None
+    if entry == "sitecustomize":
+        site = pathlib.Path(getattr(sys.modules.get("sitecustomize"), "__file__", "") or "").resolve()
+        entry_path = str(site.relative_to(REPO_ROOT)) if site.is_relative_to(REPO_ROOT) else str(site)
+    pathlib.Path(out_path).write_text(json.dumps({"adapters": states, "entry": entry,
+                                                  "entry_path": entry_path}))
     return 0
 
 

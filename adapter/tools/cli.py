@@ -39,19 +39,43 @@ def cmd_check(args) -> int:
 
 
 def cmd_pins(args) -> int:
+    """Wrapped callables (source sha256) and touched internals per adapter, against pins.json."""
     from adapter import pins
     from adapter.cpu import cpu_engine
+    from adapter.table import ADAPTERS, INFRA_TOUCHES, hooks_of
 
     cpu_engine.install_torchvision_shim()
     if args.update:
-        new = pins.update()
-        print(f"wrote {pins.PINS_FILE.name}: {len(new)} pins for {pins.ENGINE}")
+        try:
+            new = pins.update()
+        except LookupError as exc:
+            print(f"dsv41 pins: {exc}", file=sys.stderr)
+            return 2
+        touched = len(pins.load_touches())
+        print(f"wrote {pins.PINS_FILE.name}: {len(new)} pins and {touched} touched internals "
+              f"for {pins.ENGINE}")
         return 0
-    pinned, found, bad = pins.load(), pins.current(), 0
-    for pin_id, sha in found.items():
-        state = "ok" if pinned.get(pin_id) == sha else "DRIFT"
-        bad += state != "ok"
-        print(f"{state:5s} {pin_id} {sha[:16]}")
+    pinned, pinned_touches = pins.load(), pins.load_touches()
+    report = []
+    for name in (*ADAPTERS, *INFRA_TOUCHES):
+        wraps = [{"id": r.pin_id, "pinned": pinned.get(r.pin_id),
+                  "found": pins.source_hash(pins.resolve(r)[2])} for r in hooks_of(name)]
+        touches = [{"id": t, "pinned": pinned_touches.get(t), "found": pins.fingerprint(t)}
+                   for t in pins.touches_of(name)]
+        for item in wraps + touches:
+            item["ok"] = item["pinned"] == item["found"]
+        report.append({"adapter": name, "wraps": wraps, "touches": touches})
+    bad = sum(not i["ok"] for r in report for i in r["wraps"] + r["touches"])
+    if args.json:
+        print(json.dumps({"engine": pins.ENGINE, "ok": bad == 0, "drift": bad, "adapters": report},
+                         indent=2))
+    else:
+        for r in report:
+            print(r["adapter"])
+            for kind in ("wraps", "touches"):
+                for i in r[kind]:
+                    print(f"  {'ok' if i['ok'] else 'DRIFT':5s} {kind:7s} {i['id']} {str(i['found'])[:16]}")
+        print(f"{'all pins ok' if not bad else f'{bad} pins drifted'} ({pins.ENGINE})")
     return 1 if bad else 0
 
 
@@ -122,8 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--json", action="store_true")
     cal.add_argument("--plot", default=None, help="PNG of the fit")
     cal.set_defaults(func=cmd_calibrate)
-    pn = sub.add_parser("pins", help="check (or --update) the source pins of wrapped callables")
-    pn.add_argument("--update", action="store_true")
+    pn = sub.add_parser("pins", help="check (or --update) the pins: wrapped callables and the "
+                                     "engine internals each adapter touches")
+    pn.add_argument("--update", action="store_true", help="regenerate adapter/pins.json")
+    pn.add_argument("--json", action="store_true", help="machine-readable report")
     pn.set_defaults(func=cmd_pins)
     k = sub.add_parser("keys", help="list the DSV41_* keys")
     k.add_argument("--volatile", action="store_true")
