@@ -41,6 +41,9 @@ from adapter.swan.routing import (COMPARED_FIELDS, PLAN_FIELDS, CallFacts, Modul
 
 NAME = "swan"
 KEY = "DSV41_SWA_NATIVE_DECODE"
+# Counter keys in receipts.counters["swan"] (series: adapter/metrics.py KEYS); split calls are
+# counted as fallback:<reason> by receipts.fallback.
+COUNTERS = {"served": "SWA decode calls served in place on 256-token pages (no 4x64 split)"}
 ENGINE_MODULE = "sglang.kernels.ops.attention.flash_mla_sm120"
 ENTRY = "flash_mla_with_kvcache_sm120"
 
@@ -150,7 +153,7 @@ ROUTER: Optional[_Router] = None     # the installed router of this process (int
 
 
 def install(ctx) -> str:
-    from adapter.installer import Refusal
+    from adapter.refusal import Refusal
 
     try:
         info = verify_module(module_dir(), installed_flashinfer_version())
