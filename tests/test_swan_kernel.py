@@ -39,7 +39,7 @@ def _cudart_dir():
 pytestmark = pytest.mark.skipif(
     _cudart_dir() is None,
     reason="swan256 module not built here, or no libcudart to load it (test_swan_build fails "
-           "where nvcc exists and the module is missing)")
+           "where a CUDA toolkit exists and the module is missing)")
 
 CHILD = r"""
 import ast, collections, json, math, sys, types, pathlib

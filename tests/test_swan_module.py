@@ -99,8 +99,8 @@ def _check(env_words: str):
     return code, {r["adapter"]: r for r in rows}, stderr
 
 
-@pytest.mark.skipif(not BUILT.exists(), reason="swan256 module not built here "
-                    "(scripts/build_swan.sh needs nvcc; test_swan_build fails where nvcc exists)")
+@pytest.mark.skipif(not BUILT.exists(), reason="swan256 module not built here (scripts/setup.sh "
+                    "builds it; test_swan_build fails where a CUDA toolkit exists)")
 def test_dsv41_check_installs_the_built_module():
     code, rows, _ = _check("DSV41_SWA_NATIVE_DECODE=1")
     assert code == 0 and rows["swan"]["installed"], rows["swan"]

@@ -62,7 +62,7 @@ def verify_module(directory: pathlib.Path, flashinfer_version: Optional[str]) ->
     manifest_path = directory / "manifest.json"
     if not manifest_path.exists():
         raise ModuleError(f"the {MODULE_TAG} module is not built ({manifest_path} is missing; "
-                          "scripts/build_swan.sh builds it where nvcc is present)")
+                          "scripts/setup.sh builds it, or scripts/build_swan.sh alone)")
     try:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, ValueError) as exc:

@@ -63,29 +63,71 @@ def load_flashinfer_jit():
     return core, cpp_ext, jit_env, _build_meta
 
 
-def cuda_home() -> pathlib.Path:
-    """CUDA_HOME, else the toolkit root nvcc reports (nvcc may be a wrapper script on PATH)."""
+TOOLKIT_LOCK = "requirements/cuda-build.lock"
+# What the build runs of a toolkit: the wheels of TOOLKIT_LOCK lay these out under nvidia/cu13/.
+TOOLKIT_PARTS = ("bin/nvcc", "bin/ptxas", "bin/fatbinary", "bin/cudafe++", "nvvm/bin/cicc",
+                 "include/crt/host_config.h", "include/cuda_runtime.h", "include/nv/target")
+
+
+def wheel_toolkit() -> pathlib.Path | None:
+    """The CUDA toolkit of TOOLKIT_LOCK's wheels in this interpreter (<site-packages>/nvidia/cu13),
+    when every part the build runs is there (other nvidia-* wheels lay out parts of the same
+    tree: a partial one is not taken)."""
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        home = pathlib.Path(root) / "cu13"
+        if all((home / part).exists() for part in TOOLKIT_PARTS) and any((home / "lib").glob("libcudart.so*")):
+            return home.resolve()
+    return None
+
+
+def cuda_home() -> tuple[pathlib.Path, str]:
+    """(toolkit root, where it was found): CUDA_HOME; else the pinned wheels' toolkit in this
+    interpreter (scripts/setup.sh installs TOOLKIT_LOCK, so every clone builds with the same
+    nvcc 13.0.88 whether or not the machine has a CUDA toolkit); else the toolkit root nvcc on
+    PATH reports (nvcc may be a wrapper script on PATH; the images build that way)."""
     if os.environ.get("CUDA_HOME"):
-        return pathlib.Path(os.environ["CUDA_HOME"])
+        return pathlib.Path(os.environ["CUDA_HOME"]), "CUDA_HOME"
+    home = wheel_toolkit()
+    if home is not None:
+        return home, TOOLKIT_LOCK
     nvcc = shutil.which("nvcc")
     if nvcc is None:
-        raise SystemExit("[swan] nvcc not found on PATH")
+        raise SystemExit(f"[swan] no CUDA compiler: CUDA_HOME is unset, {sys.executable} has no "
+                         f"nvidia-cuda-nvcc toolkit ({TOOLKIT_LOCK}: scripts/setup.sh installs it "
+                         "into .venv) and no nvcc is on PATH")
     proc = subprocess.run([nvcc, "-dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
                           capture_output=True, text=True)
     for line in (proc.stdout + proc.stderr).splitlines():
         if line.startswith("#$ TOP="):
-            return pathlib.Path(line.split("=", 1)[1].strip()).resolve()
-    return pathlib.Path(nvcc).resolve().parent.parent
+            return pathlib.Path(line.split("=", 1)[1].strip()).resolve(), "PATH"
+    return pathlib.Path(nvcc).resolve().parent.parent, "PATH"
 
 
-def driver_stub_flags(home: pathlib.Path, out: pathlib.Path) -> list[str]:
-    """FlashInfer's link line names -lcuda. A compile-only toolkit (no driver, no stubs/) gets a
-    symbol-less libcuda.so with the driver's soname, as CUDA's own stubs/ directory provides;
-    the module then binds to the real libcuda.so.1 where it is loaded."""
+def link_flags(home: pathlib.Path, out: pathlib.Path) -> list[str]:
+    """FlashInfer's link line: -L$cuda_home/lib64 -L$cuda_home/lib64/stubs -lcudart -lcuda. What
+    the toolkit lacks of it gets a link-time stand-in in <out>/stubs:
+      * libcudart.so: the wheels ship only the versioned libcudart.so.13, in lib/ (not lib64/):
+        a symlink to it (the module records the same NEEDED libcudart.so.13 either way);
+      * libcuda.so: a compile-only toolkit (no driver, no stubs/) gets a symbol-less libcuda.so
+        with the driver's soname, as CUDA's own stubs/ directory provides; the module then binds
+        to the real libcuda.so.1 where it is loaded."""
+    stub_dir = out / "stubs"
+    flags: list[str] = []
+    lib_dirs = [home / "lib64", home / "lib", *home.glob("targets/*/lib")]
+    if not any((d / "libcudart.so").exists() for d in lib_dirs):
+        versioned = sorted(p for d in lib_dirs for p in d.glob("libcudart.so.*"))
+        if not versioned:
+            raise SystemExit(f"[swan] no libcudart in the toolkit at {home}")
+        stub_dir.mkdir(parents=True, exist_ok=True)
+        link = stub_dir / "libcudart.so"
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(versioned[0])
+        flags.append(f"-L{stub_dir}")
     for d in (home / "lib64" / "stubs", *home.glob("targets/*/lib/stubs")):
         if (d / "libcuda.so").exists():
-            return [f"-L{d}"]
-    stub_dir = out / "stubs"
+            return flags + [f"-L{d}"]
     stub_dir.mkdir(parents=True, exist_ok=True)
     stub = stub_dir / "libcuda.so"
     if not stub.exists():
@@ -93,7 +135,7 @@ def driver_stub_flags(home: pathlib.Path, out: pathlib.Path) -> list[str]:
         src.write_text("/* link-time stand-in for the CUDA driver (soname libcuda.so.1) */\n")
         subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1",
                         "-o", str(stub), str(src)], check=True)
-    return [f"-L{stub_dir}"]
+    return flags if f"-L{stub_dir}" in flags else flags + [f"-L{stub_dir}"]
 
 
 def _children_cpu() -> float:
@@ -147,12 +189,12 @@ def main(argv=None) -> int:
     if not set(heads) <= set(HEAD_SLOTS):
         raise SystemExit(f"[swan] --heads {args.heads}: FlashInfer's DSV4 decode specialises "
                          "8, 16, 32, 64, 128 and 0 (runtime) heads only")
+    home, toolkit = cuda_home()             # before anything is written: no compiler, no --out
     out = pathlib.Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     # FlashInfer derives its JIT dir from these at import time: keep everything under --out.
     os.environ["FLASHINFER_WORKSPACE_BASE"] = str(out / "ws")
     os.environ["FLASHINFER_CUDA_ARCH_LIST"] = " ".join(archs)
-    home = cuda_home()
     os.environ["CUDA_HOME"] = str(home)
     if args.jobs:
         os.environ["MAX_JOBS"] = str(args.jobs)
@@ -179,7 +221,7 @@ def main(argv=None) -> int:
         f"'-DSWAN_FLASHINFER_VERSION=\"{fi_version}\"'",
         f"-DSWAN_HEAD_MASK={sum(1 << HEAD_SLOTS.index(h) for h in set(heads)):#x}",
     ]
-    ldflags = driver_stub_flags(home, out)
+    ldflags = link_flags(home, out)
     spec = core.gen_jit_spec(MODULE_TAG, sources, extra_cuda_cflags=arch_flags + defines,
                              extra_ldflags=ldflags)
     spec.write_ninja()
@@ -221,6 +263,7 @@ def main(argv=None) -> int:
         "heads": [h for h in HEAD_SLOTS if h in heads],
         "nvcc": cpp_ext.get_cuda_version().base_version,
         "cuda_home": str(home),
+        "toolkit": toolkit,                 # CUDA_HOME | requirements/cuda-build.lock | PATH
         "build_flags": spec.extra_cuda_cflags,
         "link_flags": ldflags,
         "sources": {
