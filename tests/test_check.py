@@ -35,7 +35,7 @@ def test_bad_key_fails_the_check_with_the_key_named(tmp_path):
     bad.write_text('EXTRA_CONTAINER_ENV="DSV41_DECODE_YIELD=150 DSV41_SWA_THIN=1"\n'
                    'EXTRA_SGLANG_ARGS="--swa-prefix-tails 384"\n')
     proc = run_python(CLI, argv=("check", "--profile", str(bad)), timeout=600)
-    assert proc.returncode == 1
+    assert proc.returncode == 2             # exits.USAGE: a bad key is a configuration error
     assert "DSV41_DECODE_YIELD=150: out of range 1..99" in proc.stdout + proc.stderr
 
 

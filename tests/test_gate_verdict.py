@@ -287,7 +287,7 @@ def test_cli_json_and_exit_codes(tmp_path, capsys):
     code, out, _ = run_cli(["gate", "verdict", str(make_run(tmp_path))], capsys)
     assert code == 0 and "verdict: PASS" in out
     code, out, _ = run_cli(["gate", "verdict", str(make_run(tmp_path, a2={"soak_failures": 1}))], capsys)
-    assert code == 3 and "verdict: INVALID (by controls.soak)" in out
+    assert code == 4 and "verdict: INVALID (by controls.soak)" in out   # exits.INVALID
 
 
 def test_cli_errors_exit_2(tmp_path, capsys):

@@ -38,14 +38,20 @@ def test_non_volatile_env_change_retunes():
     assert profile_diff.diff(prod, profile.Line("b", env, prod.args))["retunes"]
 
 
+CLI = "from adapter.tools.cli import main; raise SystemExit(main())"
+
+
 def test_cli_json_on_the_shipped_file():
-    proc = run_python("from adapter.tools.cli import main; raise SystemExit(main())",
-                      argv=("profile", "diff", f"{PROFILE}:control", PROFILE, "--json"))
+    proc = run_python(CLI, argv=("profile", "diff", "--profile", PROFILE, "--line", "production",
+                                 "--against", "control", "--json"))
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert out["retunes"] is True and len(out["changes"]) == 6
+    assert out["retunes"] is True and len(out["changes"]) == len(_by_name(profile_diff.diff(
+        profile.load_line(PROFILE, "control"), profile.load_line(PROFILE, "production"))))
 
 
-def test_inline_line():
-    line = profile_diff.load("DSV41_SWA_THIN=1 --swa-prefix-tails 384")
-    assert line.env == {"DSV41_SWA_THIN": "1"} and line.args == ("--swa-prefix-tails", "384")
+def test_a_missing_profile_file_exits_2_naming_it(tmp_path):
+    missing = str(tmp_path / "nonexistent.env")
+    for argv in (("--profile", missing), ("--profile", PROFILE, "--against-profile", missing)):
+        proc = run_python(CLI, argv=("profile", "diff", *argv))
+        assert proc.returncode == 2 and f"{missing}: no such profile file" in proc.stderr, proc.stderr

@@ -81,10 +81,10 @@ def test_gate_boot_reports_the_refusal(refused, monkeypatch, tmp_path, capsys):
         raise refused
 
     monkeypatch.setattr(CpuServer, "start", fail)
-    code = cli.main(["gate", "boot", "--profile", PROFILE, "--control", "production",
+    code = cli.main(["gate", "boot", "--profile", PROFILE, "--against", "production",
                      "--out", str(tmp_path)])
     err = capsys.readouterr().err
-    assert code == 2
+    assert code == 3            # exits.REFUSED
     said = err[err.index("dsv41 gate boot: "):].splitlines()
     assert "swan refused to install: the swan256 module is not built" in said[0]
     assert "Unset DSV41_SWA_NATIVE_DECODE" in said[0]

@@ -306,4 +306,15 @@ def main(args, run: Callable = run_config) -> int:
     report["ok"] = all(m["ok"] for m in report["models"].values())
     report["elapsed_s"] = round(time.monotonic() - began, 1)
     print(json.dumps(report, indent=2, default=str) if args.json else format_report(report))
-    return 0 if report["ok"] else 1
+    return exit_code(report)
+
+
+def exit_code(report: dict) -> int:
+    """exits.OK; REFUSED when a boot stopped because an adapter refused; FAILED otherwise."""
+    from adapter.tools import exits
+
+    if report["ok"]:
+        return exits.OK
+    refused = any("refused to install" in str(err).split("\n", 1)[0]
+                  for m in report["models"].values() for err in m.get("errors", ()))
+    return exits.REFUSED if refused else exits.FAILED

@@ -89,6 +89,20 @@ def ok(returncode: int, rows: list[dict]) -> bool:
     return returncode == 0 and all(r["installed"] for r in rows if r["enabled"])
 
 
+def exit_code(returncode: int, rows: list[dict]) -> int:
+    """exits.OK when every enabled adapter installed; USAGE for a bad key (the child stopped with
+    a configuration error); REFUSED when an adapter refused; FAILED otherwise."""
+    from adapter.tools import exits
+
+    if ok(returncode, rows):
+        return exits.OK
+    if returncode == exits.USAGE:
+        return exits.USAGE
+    if any(r["status"] == "refused" and r["pin_ok"] is not None for r in rows if r["enabled"]):
+        return exits.REFUSED
+    return exits.FAILED
+
+
 def format_table(rows: list[dict]) -> str:
     head = ("adapter", "key=value", "pin ok", "installed", "reason")
     body = [(r["adapter"], " ".join(f"{k}={v}" for k, v in r["keys"].items()) or "-",

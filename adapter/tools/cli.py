@@ -1,10 +1,17 @@
-"""The `dsv41` command."""
+"""The `dsv41` command: check, canary, gate, calibrate, pins, keys, sim, profile.
+
+Every command that takes a profile line names it the same way: `--profile FILE --line NAME`, and
+`--against NAME` for the line it is compared with. Exit codes: one table for all commands
+(adapter/tools/exits.py; README "Exit codes").
+"""
 from __future__ import annotations
 
 import argparse
 import importlib
 import json
 import sys
+
+from adapter.tools import exits
 
 SIMS = {  # `dsv41 sim NAME` -> module with main(argv) -> int
     "yield": "adapter.tools.sims.decode_yield",
@@ -22,7 +29,7 @@ def cmd_check(args) -> int:
         line = profile.load_line(args.profile, args.line)
     except (OSError, profile.ProfileError) as exc:
         print(f"dsv41 check: {exc}", file=sys.stderr)
-        return 2
+        return exits.USAGE
     code, rows, stderr = check.run(line)
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -35,7 +42,7 @@ def cmd_check(args) -> int:
         print("\nreceipt lines from the child:\n" + "\n".join(receipts))
     if code != 0:
         print(f"dsv41 check: child exited {code}:\n{stderr[-4000:]}", file=sys.stderr)
-    return 0 if check.ok(code, rows) else 1
+    return check.exit_code(code, rows)
 
 
 def cmd_pins(args) -> int:
@@ -50,7 +57,7 @@ def cmd_pins(args) -> int:
             new = pins.update()
         except LookupError as exc:
             print(f"dsv41 pins: {exc}", file=sys.stderr)
-            return 2
+            return exits.USAGE
         touched = len(pins.load_touches())
         print(f"wrote {pins.PINS_FILE.name}: {len(new)} pins and {touched} touched internals "
               f"for {pins.ENGINE}")
@@ -76,7 +83,7 @@ def cmd_pins(args) -> int:
                 for i in r[kind]:
                     print(f"  {'ok' if i['ok'] else 'DRIFT':5s} {kind:7s} {i['id']} {str(i['found'])[:16]}")
         print(f"{'all pins ok' if not bad else f'{bad} pins drifted'} ({pins.ENGINE})")
-    return 1 if bad else 0
+    return exits.FAILED if bad else exits.OK
 
 
 def cmd_keys(args) -> int:
@@ -100,6 +107,15 @@ def cmd_keys(args) -> int:
 
 
 def cmd_sim(args, rest) -> int:
+    if args.name in (None, "-h", "--help"):
+        args.sim_parser.print_help()
+        print("\n`dsv41 sim NAME --help` shows a simulation's own options.")
+        return exits.OK if args.name else exits.USAGE
+    if args.name not in SIMS:
+        args.sim_parser.print_usage(sys.stderr)
+        print(f"dsv41 sim: unknown simulation {args.name!r} (choose from {', '.join(sorted(SIMS))})",
+              file=sys.stderr)
+        return exits.USAGE
     return importlib.import_module(SIMS[args.name]).main(rest)
 
 
@@ -121,49 +137,68 @@ def cmd_calibrate(args) -> int:
     return calibrate.main(args)
 
 
+def add_line_args(p: argparse.ArgumentParser, line: str = "production", against: str | None = None,
+                  what: str = "the line to install") -> None:
+    """The one way to name profile lines: --profile FILE --line NAME [--against NAME]."""
+    p.add_argument("--profile", required=True, metavar="FILE",
+                   help="profile file with named lines, e.g. .env.tp4.example")
+    p.add_argument("--line", default=line, metavar="NAME", help=f"{what} (default {line})")
+    if against is not None:
+        p.add_argument("--against", default=against, metavar="NAME",
+                       help=f"the line it is compared with (default {against})")
+
+
+def add_cpu_model_arg(p: argparse.ArgumentParser, choices, default) -> None:
+    # --cpu-model: the CPU harness's tiny model kind; gate run's --model is a served model name.
+    p.add_argument("--cpu-model", dest="model", choices=choices, default=default,
+                   help=f"tiny CPU model: dense (Llama) or swa (hybrid-SWA Mellum) (default {default})")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dsv41", description=__doc__)
+    p = argparse.ArgumentParser(prog="dsv41", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("check", help="install a profile line into the pinned engine and report")
-    c.add_argument("--profile", required=True)
-    c.add_argument("--line", default="production")
-    c.add_argument("--json", action="store_true")
+    add_line_args(c)
+    c.add_argument("--json", action="store_true", help="print the rows as JSON")
     c.set_defaults(func=cmd_check)
     cn = sub.add_parser("canary", help="boot a profile line and its control in a real CPU server; "
                                        "same traffic through both; per-adapter report")
-    cn.add_argument("--profile", required=True)
-    cn.add_argument("--line", default="production")
-    cn.add_argument("--against", default="control")
-    cn.add_argument("--model", choices=["dense", "swa", "both"], default="both")
-    cn.add_argument("--json", action="store_true")
+    add_line_args(cn, against="control", what="the line under test")
+    add_cpu_model_arg(cn, ["dense", "swa", "both"], "both")
+    cn.add_argument("--json", action="store_true", help="print the report as JSON")
     cn.set_defaults(func=cmd_canary)
     cal = sub.add_parser("calibrate", help="fit decode yield's cost model to an engine's own "
                                            "scheduler log; prints the DSV41_DECODE_YIELD_MODEL value")
-    cal.add_argument("what", choices=["yield"])
+    cal.add_argument("what", choices=["yield"], help="what to calibrate (decode yield's cost model)")
     cal.add_argument("--log", action="append", required=True, help="scheduler log (repeatable)")
     cal.add_argument("--decode-log-interval", type=int, default=None,
                      help="the engine's --decode-log-interval when the log has no iters (default 40)")
-    cal.add_argument("--json", action="store_true")
+    cal.add_argument("--json", action="store_true", help="print the fit as JSON")
     cal.add_argument("--plot", default=None, help="PNG of the fit")
     cal.set_defaults(func=cmd_calibrate)
     pn = sub.add_parser("pins", help="check (or --update) the pins: wrapped callables and the "
                                      "engine internals each adapter touches")
     pn.add_argument("--update", action="store_true", help="regenerate adapter/pins.json")
-    pn.add_argument("--json", action="store_true", help="machine-readable report")
+    pn.add_argument("--json", action="store_true", help="print the report as JSON")
     pn.set_defaults(func=cmd_pins)
     k = sub.add_parser("keys", help="list the DSV41_* keys")
-    k.add_argument("--volatile", action="store_true")
-    k.add_argument("--json", action="store_true")
+    k.add_argument("--volatile", action="store_true",
+                   help="only the keys autotune_keep leaves out of the launch fingerprint")
+    k.add_argument("--json", action="store_true", help="print the keys as JSON")
     k.set_defaults(func=cmd_keys)
-    s = sub.add_parser("sim", help="simulations on the real engine classes", add_help=False)
-    s.add_argument("name", choices=sorted(SIMS))
-    s.set_defaults(func=cmd_sim, takes_rest=True)
-    pr = sub.add_parser("profile", help="compare profile lines")
-    pr.add_argument("action", choices=["diff"])
-    pr.add_argument("a")
-    pr.add_argument("b")
-    pr.add_argument("--line", default="production")
-    pr.add_argument("--json", action="store_true")
+    s = sub.add_parser("sim", help="simulations on the real engine classes "
+                                   f"({', '.join(sorted(SIMS))}); `dsv41 sim NAME --help`",
+                       add_help=False)
+    s.add_argument("name", nargs="?", metavar="NAME",
+                   help=f"simulation: {', '.join(sorted(SIMS))}; its own options follow")
+    s.set_defaults(func=cmd_sim, takes_rest=True, sim_parser=s)
+    pr = sub.add_parser("profile", help="compare two profile lines: what differs, what is "
+                                        "volatile, whether it re-tunes, the rollback line per key")
+    pr.add_argument("action", choices=["diff"], help="diff: changes from --against to --line")
+    add_line_args(pr, against="control", what="the line after the change")
+    pr.add_argument("--against-profile", default=None, metavar="FILE",
+                    help="profile file of the --against line (default: --profile)")
+    pr.add_argument("--json", action="store_true", help="print the diff as JSON")
     pr.set_defaults(func=cmd_profile)
     from adapter.tools.gate.cli import add_parser as add_gate_parser  # `dsv41 gate run|verdict|boot`
 
@@ -172,8 +207,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args, rest = build_parser().parse_known_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["sim"] and len(argv) > 1 and argv[1] not in ("-h", "--help"):
+        # `dsv41 sim NAME ...`: everything after NAME belongs to the simulation's own parser
+        args, rest = build_parser().parse_args(argv[:2]), argv[2:]
+    else:
+        args, rest = build_parser().parse_known_args(argv)
     if getattr(args, "takes_rest", False):
+        if args.name is None and rest[:1] and rest[0] in ("-h", "--help"):
+            args.name = rest[0]
         return args.func(args, rest)
     if rest:
         build_parser().error(f"unrecognized arguments: {' '.join(rest)}")

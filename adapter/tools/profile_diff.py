@@ -1,10 +1,11 @@
-"""`dsv41 profile diff A B`: what changes between two profile lines, and how to roll back.
+"""`dsv41 profile diff --profile F [--line production] [--against control] [--against-profile F2]`:
+what changes from line A (--against, of --against-profile or --profile) to line B (--line of
+--profile), and how to roll back.
 
-A and B are each `FILE` (its production line), `FILE:LINE`, or a line given inline
-(`"DSV41_SWA_THIN=1 --swa-prefix-tails 384"`). For every key and launch argument that differs it
-says whether it is volatile (autotune_keep keeps the tuned tactics across it) and the rollback
-(what to put back on B to return to A); overall, whether B re-tunes once on its first boot
-(its launch fingerprint differs from A's).
+Lines are named as in every dsv41 command (--profile/--line/--against). For every key and launch
+argument that differs it says whether it is volatile (autotune_keep keeps the tuned tactics
+across it) and the rollback (what to put back on B to return to A); overall, whether B re-tunes
+once on its first boot (its launch fingerprint differs from A's).
 """
 from __future__ import annotations
 
@@ -17,13 +18,11 @@ from adapter.tools import profile
 from adapter.autotune_keep import launch
 
 
-def load(spec: str, default_line: str = "production") -> profile.Line:
-    path, _, name = spec.rpartition(":") if ":" in spec and not os.path.exists(spec) else (spec, "", "")
-    if path and os.path.exists(path):
-        return profile.load_line(path, name or default_line)
-    if os.path.exists(spec):
-        return profile.load_line(spec, default_line)
-    return profile.line_from_text(spec, name="inline")
+def load(path: str, line: str) -> profile.Line:
+    """A named line of a profile file; a missing file is an error naming it (never read as a line)."""
+    if not os.path.isfile(path):
+        raise profile.ProfileError(f"{path}: no such profile file")
+    return profile.load_line(path, line)
 
 
 def _flags(args) -> dict[str, str | None]:
@@ -89,22 +88,26 @@ def diff(a: profile.Line, b: profile.Line) -> dict:
 
 
 def main(args) -> int:
+    """`dsv41 profile diff --profile F [--line production] [--against control]
+    [--against-profile F2]`: the changes from the --against line to the --line line."""
+    from adapter.tools import exits
+
+    against_profile = args.against_profile or args.profile
     try:
-        a, b = load(args.a, args.line), load(args.b, args.line)
+        a, b = load(against_profile, args.against), load(args.profile, args.line)
         result = diff(a, b)
     except (OSError, profile.ProfileError) as exc:
         print(f"dsv41 profile diff: {exc}", file=sys.stderr)
-        return 2
+        return exits.USAGE
     if args.json:
         print(json.dumps(result, indent=2))
-        return 0
-    print(f"{args.a} -> {args.b}: {len(result['changes'])} change(s)")
+        return exits.OK
+    print(f"{against_profile}:{args.against} -> {args.profile}:{args.line}: "
+          f"{len(result['changes'])} change(s)")
     for c in result["changes"]:
         kind = "volatile" if c["volatile"] else ("launch arg" if c["kind"] == "arg" else "re-tunes")
         print(f"  {c['name']}: {c['a']} -> {c['b']}  [{kind}]  rollback: {c['rollback']}")
         print(f"      {c['rollback_line']}")
-    print("autotune: " + ("B re-tunes once on its first boot (launch fingerprint differs)"
+    print("autotune: " + ("the line re-tunes once on its first boot (launch fingerprint differs)"
                           if result["retunes"] else "tuned tactics kept (only volatile changes)"))
-    return 0
-
-
+    return exits.OK

@@ -17,7 +17,7 @@ import pytest
 
 from adapter.cpu import models
 from adapter.cpu.server import CpuServer
-from adapter.tools import cli
+from adapter.tools import cli, exits
 from adapter.tools.gate import boot, cells, verdict
 from adapter.tools.gate import run as gate_run
 from e2e.e2e_configs import CTRL_ARGS, CTRL_KEYS, PROD_ARGS, PROD_KEYS
@@ -137,5 +137,5 @@ def test_controls_that_disagree_are_invalid(gate, capsys):
     res, rules = judge(run_dir, "A,B,D")
     assert res["verdict"] == "INVALID" and res["decided_by"] == ["controls.speed"], verdict.format_text(res)
     assert cli.main(["gate", "verdict", str(run_dir), "--order", "A,B,D", "--json", "--speed-floor",
-                     str(boot.CPU_SPEED_FLOOR)]) == 3
+                     str(boot.CPU_SPEED_FLOOR)]) == exits.INVALID
     assert json.loads(capsys.readouterr().out)["verdict"] == "INVALID"

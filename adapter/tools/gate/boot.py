@@ -84,7 +84,7 @@ def main(args) -> int:
     from adapter.tools.gate import verdict
 
     try:
-        control, candidate = canary.load_checked_lines(args.profile, args.control, args.candidate)
+        control, candidate = canary.load_checked_lines(args.profile, args.against, args.line)
     except (OSError, profile.ProfileError, key_registry.ConfigError) as exc:
         print(f"dsv41 gate boot: {exc}", file=sys.stderr)
         return 2
@@ -94,12 +94,14 @@ def main(args) -> int:
     boots = []
     try:
         for label, k, a in (("A", ctrl_keys, ctrl_args), ("B", cand_keys, cand_args), ("A2", ctrl_keys, ctrl_args)):
-            print(f"[gate boot] {label}: {args.control if label != 'B' else args.candidate} line, "
+            print(f"[gate boot] {label}: {args.against if label != 'B' else args.line} line, "
                   f"{args.model} model", file=sys.stderr, flush=True)
             boots.append(boot_and_run(label, args.model, k, a, args.out, run_id, suite=args.suite))
     except (C.GateError, BootError) as exc:
         print(f"dsv41 gate boot: {exc}", file=sys.stderr)
-        return 2
+        from adapter.tools import exits
+
+        return exits.REFUSED if "refused to install" in str(exc).split("\n", 1)[0] else exits.USAGE
     for b in boots:
         print(f"[gate boot] {b['label']}: " + (b.get("skipped") or f"boot {b['boot_s']}s, measured "
                                                  f"{b['measure_s']}s"), file=sys.stderr)

@@ -32,7 +32,7 @@ def _thresholds(p: argparse.ArgumentParser, speed_floor_help: str, speed_floor=N
                    help="family-wise level of the T=1 tests (default 0.01, Bonferroni over prompts)")
     p.add_argument("--max-excluded", type=int, default=None,
                    help="T=0 prompts on which the controls may differ (default 10%% of them, at least 1)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the verdict as JSON")
 
 
 def add_parser(sub) -> None:
@@ -44,11 +44,13 @@ def add_parser(sub) -> None:
     r.add_argument("--endpoint", required=True, help="server URL, e.g. http://head:30000 (or .../v1)")
     r.add_argument("--label", required=True, help="this boot's label, e.g. A, B, A2")
     r.add_argument("--out", required=True, help="runs directory, e.g. runs/")
-    r.add_argument("--suite", choices=sorted(SUITES), default="quick")
+    r.add_argument("--suite", choices=sorted(SUITES), default="quick",
+                   help="quick (CPU harness, minutes) or full (the cluster's release gate)")
     r.add_argument("--model", default=None, help="served model name (default: the first /v1/models lists)")
     r.add_argument("--run-id", default=None, help="run id (default: today's UTC date, YYYYMMDD)")
     r.add_argument("--context-length", type=int, default=None,
                    help="when the server reports none in /v1/models")
+    r.add_argument("--json", action="store_true", help="print what was measured as JSON")
     r.set_defaults(func=_run)
     v = gs.add_parser("verdict", help="PASS / KILL / INVALID of control,candidate,control; report.md + PNGs")
     v.add_argument("run_dir", help="runs/<run-id>")
@@ -57,11 +59,12 @@ def add_parser(sub) -> None:
     v.set_defaults(func=_verdict)
     b = gs.add_parser("boot", help="CPU harness: boot control / candidate / control lines of a profile "
                                    "in turn, gate each, judge")
-    b.add_argument("--profile", required=True)
-    b.add_argument("--control", default="control", help="control line (default control)")
-    b.add_argument("--candidate", default="production", help="candidate line (default production)")
-    b.add_argument("--model", choices=["dense", "swa"], default="dense")
-    b.add_argument("--suite", choices=sorted(SUITES), default="quick")
+    from adapter.tools.cli import add_cpu_model_arg, add_line_args
+
+    add_line_args(b, against="control", what="the candidate line")
+    add_cpu_model_arg(b, ["dense", "swa"], "dense")
+    b.add_argument("--suite", choices=sorted(SUITES), default="quick",
+                   help="quick (CPU harness, minutes) or full (the cluster's release gate)")
     b.add_argument("--out", required=True, help="runs directory (outside the repo, e.g. $TMPDIR/gate-runs)")
     b.add_argument("--run-id", default=None, help="run id (default: UTC date-time); an existing one resumes")
     _thresholds(b, "relative speed noise assumed at least (default 0.65 on the shared-CPU harness)")

@@ -127,6 +127,10 @@ def main(args) -> int:
         print(f"dsv41 gate run: {exc}", file=sys.stderr)
         return 2
     timings = {c: json.loads((label_dir / f"{c}.json").read_text())["elapsed_s"] for c in C.CELLS}
+    if getattr(args, "json", False):
+        print(json.dumps({"label_dir": str(label_dir), "label": args.label, "suite": args.suite,
+                          "cells": {c: {"elapsed_s": s} for c, s in timings.items()}}, indent=2))
+        return 0
     print(f"{label_dir}: {len(timings)} cells measured "
           f"({', '.join(f'{c} {s:.1f}s' for c, s in timings.items())})")
     return 0

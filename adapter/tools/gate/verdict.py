@@ -42,6 +42,7 @@ from typing import Optional
 import numpy as np
 
 from adapter.tools.gate import cells as C
+from adapter.tools import exits
 from adapter.tools.gate import run as gate_run
 
 # The cluster's accepted v2.6.4 candidate (../SPEC "Release evidence"): KLD long / short.
@@ -52,7 +53,7 @@ DEFAULTS = {"speed_floor": 0.03, "kld_long": KLD_REFERENCE["long"], "kld_short":
             "t1_alpha": 0.01, "max_excluded": None}
 MIN_EXPECTED = 5.0         # chi-square: categories merged until every expected count is >= 5
 EPS = 1e-12
-EXIT = {"PASS": 0, "KILL": 1, "INVALID": 3}
+EXIT = {"PASS": exits.OK, "KILL": exits.FAILED, "INVALID": exits.INVALID}
 
 
 # --- loading ---------------------------------------------------------------------------------

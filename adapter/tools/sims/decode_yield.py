@@ -400,12 +400,16 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="dsv41 sim yield", description=__doc__.split("\n\n")[0])
     p.add_argument("--share", type=_share, default=33,
                    help="DSV41_DECODE_YIELD for the yield run (1..99), or 'unset' (default 33)")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--stream-context", type=int, default=STREAM_CONTEXT)
-    p.add_argument("--prompt", type=int, default=PROMPT_TOKENS)
-    p.add_argument("--chunk", type=int, default=CHUNK)
-    p.add_argument("--interval", type=int, default=INTERVAL, help="--prefill-decode-interval")
-    p.add_argument("--tree-core", choices=("rust", "python"), default="rust")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.add_argument("--stream-context", type=int, default=STREAM_CONTEXT,
+                   help=f"context length of each running stream (default {STREAM_CONTEXT})")
+    p.add_argument("--prompt", type=int, default=PROMPT_TOKENS,
+                   help=f"tokens of the cold prompt prefilled in chunks (default {PROMPT_TOKENS})")
+    p.add_argument("--chunk", type=int, default=CHUNK, help=f"--chunked-prefill-size (default {CHUNK})")
+    p.add_argument("--interval", type=int, default=INTERVAL,
+                   help=f"--prefill-decode-interval (default {INTERVAL})")
+    p.add_argument("--tree-core", choices=("rust", "python"), default="rust",
+                   help="the radix cache's tree core (default rust, the engine's)")
     args = p.parse_args(argv)
     result = run_ab(args.share, stream_ctx=args.stream_context, prompt=args.prompt,
                     chunk=args.chunk, interval=args.interval, backend=args.tree_core)
