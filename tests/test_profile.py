@@ -88,8 +88,9 @@ def test_dockerfile_builds_verifies_checks_and_tests_with_scripts_ci_runs(docker
             assert step in ci, step
     setup = (REPO_ROOT / "scripts/setup.sh").read_text()
     assert "scripts/build_swan.sh" in setup                              # setup (in CI) builds it
-    for needed in ("scripts/build_swan.sh", "scripts/image_check.sh", "scripts/test.sh"):
+    for needed in ("scripts/build_swan.sh", "scripts/image_check.sh", "scripts/image_test.sh"):
         assert needed in steps, needed
+    assert steps[-1] == "scripts/image_test.sh" and "scripts/test.sh" not in steps   # no e2e servers
     text = (REPO_ROOT / dockerfile).read_text()
     assert "SWAN_ARCHS=sm_121a" in text and "v0.5.23" in text
 
