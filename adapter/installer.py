@@ -309,10 +309,10 @@ def _note_shared() -> None:
             if (row.target, who) in _state.shared:
                 continue
             _state.shared.add((row.target, who))
-            where = ("outside ours (registered after dsv41)" if i > max(ours)
-                     else "inside ours (registered before dsv41)")
-            receipts.line(row.adapter, "shares %s with %s: its %s hook runs %s", row.qualname,
-                          who, kind.value.upper(), where)
+            after = i > max(ours)
+            receipts.line(row.adapter, "shares %s with %s: its %s hook runs %s ours (registered %s "
+                          "dsv41)", row.qualname, who, kind.value.upper(),
+                          "outside" if after else "inside", "after" if after else "before")
 
 
 def _install_group(group: tuple[str, ...]) -> None:
