@@ -121,6 +121,7 @@ _metrics: dict = {}             # series name -> prometheus_client metric
 _children: dict = {}            # (adapter, key) -> labelled child
 _dropped: set = set()           # (adapter, key) no longer exported after an error
 _armed = False
+_roles: list = []               # adapters that count in this process's role (once exporting)
 _MARK = "__dsv41_metrics_settle__"
 
 
@@ -191,12 +192,14 @@ def _wrap_publish(module) -> None:
 
 
 def _roles_adapters(role) -> tuple[list[str], list[str]]:
-    """(installed, all enabled-or-off) adapters that count in processes of `role`."""
+    """(installed or still to install, all) adapters that count in processes of `role`. An
+    adapter installs when the engine imports its module, which may come after publish()."""
     from adapter import installer
     from adapter.table import COUNTING_ROLE
 
-    mine = [n for n in installer.status() if COUNTING_ROLE.get(n, "scheduler") == role]
-    return [n for n in mine if installer.status()[n].status == "installed"], mine
+    status = installer.status()
+    mine = [n for n in status if COUNTING_ROLE.get(n, "scheduler") == role]
+    return [n for n in mine if status[n].status in ("installed", "waiting")], mine
 
 
 def settle(role=None) -> None:
@@ -228,6 +231,7 @@ def _turn_off(reason: str | None) -> None:
     global _state
     _state = False
     receipts.remove_sink(_export)
+    receipts.remove_install_sink(_installed_later)
     _metrics.clear()
     _children.clear()
     if reason is not None:
@@ -245,27 +249,52 @@ def _start(context, installed: list[str], mine: list[str]) -> None:
 
         from adapter import __version__
 
+        from adapter import installer
+
         gauge = prometheus_client.Gauge(INSTALLED, INSTALLED_HELP, ("adapter", "version"),
                                         registry=None, multiprocess_mode="mostrecent")
-        for name in mine:
-            gauge.labels(name, __version__).set(1 if name in installed else 0)
         _metrics[INSTALLED] = gauge
+        status = installer.status()
+        for name in mine:        # one still waiting for its engine module is set when it installs
+            if status[name].status != "waiting":
+                gauge.labels(name, __version__).set(1 if status[name].status == "installed" else 0)
         # What was counted before this moment; from here on each increment is exported as made.
         before = [(name, key, value) for name, counts in list(receipts.counters.items())
                   for key, value in list(counts.items()) if value > 0]
         _state = True
         receipts.add_sink(_export)
+        receipts.add_install_sink(_installed_later)
+        _roles[:] = mine
     except Exception as exc:  # noqa: BLE001 - metrics never break serving
         _turn_off(f"exporter failed to start ({type(exc).__name__}: {exc}); dsv41 series not "
                   "exported, receipts keep counting")
         return
-    for name in installed:      # every plain series of an installed adapter, at 0
-        for key in [k for k in KEYS.get(name, {}) if not k.endswith(":")] + list(ZERO_KEYS.get(name, ())):
-            _export(name, key, 0)
+    for name in installed:
+        if status[name].status == "installed":
+            _zero_series(name)
     for name, key, value in before:
         _export(name, key, value)
     receipts.line(NAME, "exporting the adapters' counters as dsv41_* series on the engine's "
                   "/metrics (tp_rank %s)", _tp_rank or "-")
+
+
+def _zero_series(name: str) -> None:
+    """Every plain series of an installed adapter (and its known label values), at 0."""
+    for key in [k for k in KEYS.get(name, {}) if not k.endswith(":")] + list(ZERO_KEYS.get(name, ())):
+        _export(name, key, 0)
+
+
+def _installed_later(name: str) -> None:
+    """receipts.installed: an adapter of this role installed after exporting started."""
+    if _state is not True or name not in _roles:
+        return
+    try:
+        from adapter import __version__
+
+        _metrics[INSTALLED].labels(name, __version__).set(1)
+    except Exception as exc:  # noqa: BLE001 - metrics never break serving
+        receipts.fallback(NAME, f"installed gauge of {name} not set ({type(exc).__name__}: {exc})")
+    _zero_series(name)
 
 
 def _child(adapter: str, key: str):
@@ -301,6 +330,8 @@ def reset_for_tests() -> None:
     global _state, _tp_rank
     _state, _tp_rank = None, ""
     receipts.remove_sink(_export)
+    receipts.remove_install_sink(_installed_later)
+    _roles.clear()
     _metrics.clear()
     _children.clear()
     _dropped.clear()

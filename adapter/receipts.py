@@ -57,6 +57,19 @@ def remove_sink(sink) -> None:
         _sinks.remove(sink)
 
 
+_install_sinks: list = []   # callables (adapter): metrics, for adapters installed after it started
+
+
+def add_install_sink(sink) -> None:
+    if sink not in _install_sinks:
+        _install_sinks.append(sink)
+
+
+def remove_install_sink(sink) -> None:
+    if sink in _install_sinks:
+        _install_sinks.remove(sink)
+
+
 class Counts(collections.Counter):
     """One adapter's counters: the one source of receipt lines and of the dsv41_* series.
 
@@ -90,6 +103,8 @@ counters: dict[str, Counts] = _ByAdapter()
 
 def installed(adapter: str, detail: str) -> None:
     logger(adapter).info("%s %s installed: %s", PREFIX, adapter, detail)
+    for sink in list(_install_sinks):
+        sink(adapter)
 
 
 def fallback(adapter: str, reason: str) -> None:
