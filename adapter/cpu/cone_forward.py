@@ -1,0 +1,770 @@
+"""Cone replay inside the engine's DeepSeek-V4 attention backend, on CPU: H (a prefix hit at F)
+against R (cone's replay from s = F - N), row for row. Shared by bench/cone_forward.py and
+tests/test_swa_cone_forward.py; tests and benches only, never imported in production.
+
+The engine's pieces are real: `DeepseekV4AttnBackend` (built by the `dsv4` registry entry, GB10 /
+SM120 dispatch, pure-torch sparse attention), `DeepSeekV4TokenToKVPool`, `ForwardBatch`, the
+metadata builders, the c4 indexer (torch logits + torch top-k). Cone is installed by the
+production installer, so its hooks wrap the backend's own `_build_forward_metadata` /
+`init_forward_metadata_prefill`. adapter/cpu/dsv4_attention.py holds the few stand-ins.
+
+What the harness supplies in place of the model ("a tiny stack"): three attention layers with
+compress ratios 0, 4, 128 (page 256, window 128 as on the cluster). Each row's hidden state
+starts from its token's embedding and adds each layer's attention output through a projection,
+so a layer's queries, SWA keys, compressed latents and index keys depend on what the layers
+below read — the model's receptive cone, which the floor at s shapes. The compressor stand-in
+writes a group's latent / index key from the row that completes the group, at the engine's
+`c4_out_loc` / `c128_out_loc` (production: the compressor kernels, which pool the group's rows
+through the state pool); SWA keys go to the engine's `get_swa_out_cache_loc`. Writes use the
+engine kit's `set_k_and_s_torch`.
+
+World layout (full pages of 256 tokens; page 0 is the padding page): a document [0, D) is
+prefilled once on pages 1..D/256 (with its SWA) and snapshot. Each case loads the snapshot into
+two worlds:
+- H: request on the document's pages for [0, F) (window resident), fresh pages for [F, L).
+- R: the session's SWA was evicted: the engine clears the full->SWA mapping of freed slots to 0
+  (the padding slot); the freed SWA pages and the padding page are overwritten with large noise.
+  Request on the document's pages for [0, s), fresh pages for [s, L) whose latent / index pages
+  hold noise (stale data); cone's Plan (as `_commit` makes it: src = the document's slots of
+  [s, F)) and the real hooks do the rest.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+import time
+from types import SimpleNamespace
+from typing import Callable, Optional
+
+import torch
+
+PAGE = 256
+WINDOW = 128
+RATIOS = (0, 4, 128)
+HEADS = 8
+INDEX_HEADS = 4
+DIM = 512
+VOCAB = 509
+DOC = 2560                 # document length (10 pages): c4 top-k is selective past 2048
+DOC_CHUNK = 512
+DECODE_STEPS = 4
+CONTEXT = 4096
+NOISE_SEED = 99
+NEIGHBOR_SALT = 100_003
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    s: int
+    F: int
+    L: int
+    chunk: int               # prefill chunk (first pass of R = [s, s + chunk))
+    note: str = ""
+    neighbor: int = 0        # a fresh prompt of this many tokens ahead of it in the first pass
+
+    @property
+    def N(self) -> int:
+        return self.F - self.s
+
+
+# Production shapes: F = swa_branching_seqlen is page aligned (the engine's walk aligns it), s =
+# F - N with N a multiple of 256, so s, F and [s, F) are whole pages and every c4 / c128 group
+# lies wholly inside [0, s), [s, F) or [F, L). The harness stack has 3 SWA-reading layers, so
+# rows >= F are exact only when N covers its cone (N >= 3 * 127): N >= 512 here.
+CASES = (
+    Case("N=chunk=512 L-F=1", s=1536, F=2048, L=2049, chunk=512,
+         note="the first pass is exactly the replay; the new row in a second pass"),
+    Case("N=512<chunk=640 L-F=300", s=1792, F=2304, L=2604, chunk=640,
+         note="replay + 128 new rows in the first pass, 172 in a second; L-F > a page"),
+    Case("N=chunk=512 F=2560 L-F=257", s=2048, F=2560, L=2817, chunk=512,
+         note="c4 top-k selective for every replay row and row >= F; L-F > a page"),
+    Case("N=512<chunk=640 s=0 L-F=1", s=0, F=512, L=513, chunk=640,
+         note="replay from position 0 (no resident prefix); one pass"),
+    Case("N=512<chunk=640 beside a prompt", s=256, F=768, L=832, chunk=640, neighbor=96,
+         note="a 96-token fresh prompt ahead of the replay in the first pass: its rows compared "
+              "too; cone's masks and floors land on the replaying request's rows only"),
+)
+NOT_IN_PRODUCTION = ("F or s off a page boundary, and [s, F) ending inside a c4 / c128 group: "
+                     "the engine reports F (swa_branching_seqlen) page aligned and cone makes s "
+                     "= F - N with N a multiple of 256, so [s, F) is always whole 256-token pages "
+                     "and every group boundary (4, 128) falls on them")
+
+
+# ---- the tiny stack --------------------------------------------------------------------------
+
+class Stack:
+    """Deterministic weights of the three layers (bf16; row-independent CPU matmuls)."""
+
+    def __init__(self, seed: int = 1234):
+        g = torch.Generator().manual_seed(seed)
+
+        def w(rows, cols, scale):
+            return (torch.randn(rows, cols, generator=g) * scale).to(torch.bfloat16)
+
+        self.embed = w(VOCAB, DIM, 1.0)
+        self.layers = []
+        for _ in RATIOS:
+            self.layers.append(SimpleNamespace(
+                q=w(DIM, HEADS * DIM, 2.0 / DIM ** 0.5), k=w(DIM, DIM, 1.0 / DIM ** 0.5),
+                latent=w(DIM, DIM, 1.0 / DIM ** 0.5), index_k=w(DIM, 128, 1.0 / DIM ** 0.5),
+                index_q=w(DIM, INDEX_HEADS * 128, 1.0 / DIM ** 0.5),
+                index_w=w(DIM, INDEX_HEADS, 1.0 / DIM ** 0.5),
+                o=w(HEADS * DIM, DIM, 0.5 / (HEADS * DIM) ** 0.5),
+                sink=(torch.randn(HEADS, generator=g)).float()))
+
+    def tokens(self, positions: torch.Tensor) -> torch.Tensor:
+        return (positions * 2654435761 + 12345) % VOCAB
+
+
+class _IndexerInputs:
+    """The c4 indexer's query side for one layer (production: C4Indexer.compute_q /
+    compute_weights, fused CUDA kernels): fp8 queries and head weights from the row's hidden."""
+
+    use_fp4_indexer = False
+    compressor = None
+    weight_scale = None
+    index_topk = 512
+
+    def __init__(self, layer_id: int, x: torch.Tensor, weights):
+        from adapter.cpu.dsv4_attention import FP8, FP8_MAX
+
+        self.layer_id = layer_id
+        q = _mm(x, weights.index_q).float().view(x.shape[0], INDEX_HEADS, 128)
+        scale = (q.abs().amax(-1, keepdim=True) / FP8_MAX).clamp_min(1e-8)
+        self._q = (q / scale).to(FP8)
+        self._w = (_mm(x, weights.index_w).float() * scale.squeeze(-1)).unsqueeze(-1)
+
+    def compute_weights(self, x, skip_scale=False):
+        return self._w
+
+    def compute_q(self, q_lora, positions, weights, q_lora_quant=None):
+        return self._q, self._w
+
+
+# ---- one world: the engine's backend + pool on CPU ---------------------------------------------
+
+class World:
+    def __init__(self, stack: Stack, *, full_pages: int, swa_pages: int, req_slots: int = 4):
+        from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+        from sglang.srt.layers.radix_attention import RadixAttention
+        from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
+        from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+        from sglang.srt.runtime_context import get_context
+        from sglang.test.kits.attention_unittest.attention_methods import dsv4_attention as kit
+
+        self.stack = stack
+        case = kit.DSV4AttentionCase(name="cone", backend="dsv4", forward_mode=ForwardMode.EXTEND,
+                                     num_heads=HEADS, page_size=PAGE, prefix_lens=(0,),
+                                     extend_lens=(1,))
+        config = kit.TinyDSV4ModelConfig(num_heads=HEADS, context_len=CONTEXT,
+                                         compression_ratios=list(RATIOS))
+        runner = kit.MockDSV4ModelRunner(case=case, model_config=config, dtype=torch.bfloat16,
+                                         device="cpu", max_context_len=CONTEXT, swa_size=PAGE,
+                                         runner_batch_size=req_slots,
+                                         compression_ratios=list(RATIOS))
+        # Published as the engine publishes its server args, plus --dsa-topk-backend torch.
+        kit_override = runner._server_args_override
+        fields = dict(kit_override._fields, dsa_topk_backend="torch")
+        kit_override.restore()
+        self._override = get_context().override_server_args(**fields)
+        runner.server_args = self._override.install()
+        full = full_pages * PAGE
+        self.pool = DeepSeekV4TokenToKVPool(
+            max_num_reqs=req_slots, swa_size=swa_pages * PAGE, c4_size=full // 4,
+            c128_size=full // 128, c4_state_pool_size=req_slots, c128_state_pool_size=req_slots,
+            page_size=PAGE, swa_page_size=PAGE, dtype=torch.float8_e4m3fn,
+            c4_state_dtype=torch.bfloat16, c128_state_dtype=torch.bfloat16,
+            qk_nope_head_dim=448, qk_rope_head_dim=64, indexer_head_dim=128,
+            layer_num=len(RATIOS), device="cpu", enable_memory_saver=False,
+            compression_ratios=list(RATIOS), kv_source_layers=[], full_size=full)
+        self.mapping = torch.zeros(full, dtype=torch.int64)
+        self.pool.register_mapping(self.mapping)
+        runner.token_to_kv_pool = self.pool
+        runner.kv_index_translator = KVIndexTranslator(
+            req_to_token=runner.req_to_token_pool.req_to_token,
+            token_to_kv_pool_allocator=SimpleNamespace(page_size=PAGE),
+            token_to_kv_pool=self.pool, page_size=PAGE, device="cpu")
+        self.runner = runner
+        self.backend = ATTENTION_BACKENDS["dsv4"](runner)
+        self.req_to_token = runner.req_to_token_pool.req_to_token
+        self.layers = [RadixAttention(num_heads=HEADS, head_dim=DIM, scaling=DIM ** -0.5,
+                                      num_kv_heads=1, layer_id=i, v_head_dim=DIM)
+                       for i in range(len(RATIOS))]
+
+    def close(self) -> None:
+        self._override.restore()
+
+    # -- state ------------------------------------------------------------------------------
+
+    def buffers(self) -> list:
+        """Every byte buffer the forward reads or writes (SWA, latents, index keys)."""
+        bufs = list(self.pool.swa_kv_pool.kv_buffer)
+        for ratio in sorted(self.pool.kv_pools):
+            bufs += list(self.pool.kv_pools[ratio].kv_buffer)
+        for ratio in sorted(self.pool.index_pools):
+            bufs += list(self.pool.index_pools[ratio].index_k_with_scale_buffer)
+        return bufs
+
+    def snapshot(self) -> dict:
+        return {"buffers": [b.clone() for b in self.buffers()], "mapping": self.mapping.clone(),
+                "req_to_token": self.req_to_token.clone()}
+
+    def load(self, snap: dict) -> None:
+        for dst, src in zip(self.buffers(), snap["buffers"]):
+            dst.copy_(src)
+        self.mapping.copy_(snap["mapping"])
+        self.req_to_token.copy_(snap["req_to_token"])
+
+    def swa_buffer(self, layer_id: int):
+        return self.pool.swa_kv_pool.kv_buffer[layer_id]
+
+    def latent_buffer(self, layer_id: int):
+        item = self.pool.layer_mapping[layer_id]
+        return item.compress_kv_pool.kv_buffer[item.compress_layer_id], item.compress_kv_pool.page_size
+
+    def index_buffer(self, layer_id: int):
+        item = self.pool.layer_mapping[layer_id]
+        ix = self.pool.index_pools[item.compress_ratio]
+        return ix.index_k_with_scale_buffer[item.compress_layer_id], ix.page_size
+
+    # -- forwards ---------------------------------------------------------------------------
+
+    def _batch(self, segments: list, decode: bool):
+        """A ForwardBatch of requests (rid, slot, start, end, salt): rows [start, end) each."""
+        from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+        lens = [end - start for _, _, start, end, _ in segments]
+        positions = torch.cat([torch.arange(start, end) for _, _, start, end, _ in segments])
+        tokens = torch.cat([self.stack.tokens(torch.arange(start, end) + salt)
+                            for _, _, start, end, salt in segments])
+        slots = [slot for _, slot, _, _, _ in segments]
+        ends = [end for _, _, _, end, _ in segments]
+        fb = ForwardBatch(
+            forward_mode=ForwardMode.DECODE if decode else ForwardMode.EXTEND,
+            batch_size=len(segments), input_ids=tokens,
+            req_pool_indices=torch.tensor(slots, dtype=torch.int32),
+            seq_lens=torch.tensor(ends, dtype=torch.int32),
+            seq_lens_cpu=torch.tensor(ends, dtype=torch.int32),
+            out_cache_loc=torch.cat([self.req_to_token[slot, start:end].to(torch.int64)
+                                     for _, slot, start, end, _ in segments]),
+            seq_lens_sum=sum(ends), positions=positions)
+        self.runner.kv_index_translator.bind_own_plan(fb)
+        fb.rids = [rid for rid, *_ in segments]
+        fb.req_pool_indices_cpu = torch.tensor(slots, dtype=torch.int64)
+        if not decode:
+            starts = [start for _, _, start, _, _ in segments]
+            fb.extend_prefix_lens = torch.tensor(starts, dtype=torch.int32)
+            fb.extend_prefix_lens_cpu = starts
+            fb.extend_seq_lens = torch.tensor(lens, dtype=torch.int32)
+            fb.extend_seq_lens_cpu = lens
+            fb.extend_start_loc = torch.tensor([sum(lens[:i]) for i in range(len(lens))],
+                                               dtype=torch.int32)
+            fb.extend_num_tokens = sum(lens)
+        return fb, tokens
+
+    def forward(self, segments: list, *, decode: bool = False,
+                audit: Optional[Callable] = None) -> list:
+        """One forward of the requests `segments` [(rid, slot, start, end, salt)] through the
+        three layers; returns each layer's attention output [rows, heads, 512] (float32 of the
+        backend's bf16), rows in batch order. `audit(md)` sees each layer's core metadata
+        before its attention runs."""
+        from adapter.cpu.dsv4_attention import store_index_k, store_k
+        from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+        fb, tokens = self._batch(segments, decode)
+        backend = self.backend
+        positions = fb.positions
+        completes = {r: ((positions + 1) % r == 0) for r in (4, 128)}
+        outs = []
+        with torch.no_grad(), forward_context(ForwardContext(attn_backend=backend)):
+            backend.init_forward_metadata(fb)
+            h = self.stack.embed[tokens]
+            for layer_id, ratio in enumerate(RATIOS):
+                w = self.stack.layers[layer_id]
+                md = backend.forward_metadata.core_attn_metadata
+                k = _mm(h, w.k)
+                store_k(self.swa_buffer(layer_id), backend.get_swa_out_cache_loc(fb), k,
+                        self.pool.swa_kv_pool.page_size)
+                if ratio:
+                    rows = completes[ratio]
+                    out_loc = md.c4_out_loc if ratio == 4 else md.c128_out_loc
+                    buf, page = self.latent_buffer(layer_id)
+                    store_k(buf, out_loc[rows], _mm(h, w.latent)[rows], page)
+                if ratio == 4:
+                    buf, page = self.index_buffer(layer_id)
+                    store_index_k(buf, md.c4_out_loc[rows], _mm(h, w.index_k)[rows], page)
+                    backend.forward_c4_indexer(h, h, _IndexerInputs(layer_id, h, w), fb,
+                                               skip_compressor=True)
+                if audit is not None:
+                    audit(backend.forward_metadata.core_attn_metadata)
+                q = _mm(h, w.q).view(-1, HEADS, DIM)
+                o = backend.forward(q, k, k, self.layers[layer_id], fb, compress_ratio=ratio,
+                                    save_kv_cache=False, attn_sink=w.sink)
+                outs.append(o.float())
+                h = (h.double() + _mm(o.reshape(o.shape[0], -1), w.o).double()).to(torch.bfloat16)
+        return outs
+
+
+def _mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The stack's projections: bf16 operands multiplied in float64 and rounded to bf16 (fast
+    on CPU, and a row's result does not depend on how many rows share the batch)."""
+    return (x.double() @ w.double()).to(torch.bfloat16)
+
+
+# ---- byte views of what a request reads ------------------------------------------------------
+
+def _v4_rows(buf: torch.Tensor, slots: torch.Tensor, page_size: int) -> torch.Tensor:
+    """The 584 bytes (576 data + 8 scale) of V4-layout token slots."""
+    slots = slots.to(torch.int64)
+    page, row = slots // page_size, slots % page_size
+    data = row[:, None] * 576 + torch.arange(576)
+    scale = page_size * 576 + row[:, None] * 8 + torch.arange(8)
+    cols = torch.cat([data, scale], 1)
+    return buf[page[:, None].expand_as(cols), cols]
+
+
+def _index_rows(buf: torch.Tensor, slots: torch.Tensor, page_size: int) -> torch.Tensor:
+    slots = slots.to(torch.int64)
+    page, row = slots // page_size, slots % page_size
+    cols = torch.cat([row[:, None] * 128 + torch.arange(128),
+                      page_size * 128 + row[:, None] * 4 + torch.arange(4)], 1)
+    return buf[page[:, None].expand_as(cols), cols]
+
+
+def request_view(world: World, slot: int, *, swa_from: int, groups_from: int, end: int) -> dict:
+    """What a request at length `end` reads, by logical position: SWA rows [swa_from, end) per
+    layer, latents of every c4 / c128 group and index keys of every c4 group in [groups_from,
+    end), as bytes (keyed "kind layer: first position")."""
+    out = {}
+    full = world.req_to_token[slot].to(torch.int64)
+    for layer_id, ratio in enumerate(RATIOS):
+        pos = torch.arange(swa_from, end)
+        out[("swa", layer_id)] = (pos, _v4_rows(world.swa_buffer(layer_id),
+                                                world.mapping[full[pos]], world.pool.swa_kv_pool.page_size))
+        if ratio:
+            first = torch.arange(groups_from, end - ratio + 1, ratio)
+            first = first[(first % ratio) == 0]
+            buf, page = world.latent_buffer(layer_id)
+            out[("latent", layer_id)] = (first, _v4_rows(buf, full[first] // ratio, page))
+            if ratio == 4:
+                buf, page = world.index_buffer(layer_id)
+                out[("index_k", layer_id)] = (first, _index_rows(buf, full[first] // ratio, page))
+    return out
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    if a.numel() == 0:
+        return 0.0
+    d = (a.double() - b.double()).abs()
+    d = torch.where(torch.isnan(a) | torch.isnan(b),
+                    torch.where(torch.isnan(a) & torch.isnan(b), 0.0, float("inf")), d)
+    return float(d.max())
+
+
+@dataclasses.dataclass
+class Comparison:
+    """H against R for one case, per layer (compress ratio) and in all."""
+    rows_compared: int
+    max_abs_diff: list           # per layer: attention outputs of rows >= F (and a neighbour's)
+    outputs_bit_equal: list      # per layer
+    pool_bytes_differing: list   # per layer: the request's view (SWA [F-128, L); latents /
+    differing_views: list        #   index keys of groups in [s, L)), bytes
+    decode_steps: int
+    decode_max_abs_diff: list    # per layer
+    decode_bit_equal: list       # per layer
+
+    def layer_bit_equal(self, i: int) -> bool:
+        return (self.outputs_bit_equal[i] and not self.pool_bytes_differing[i]
+                and self.decode_bit_equal[i])
+
+    @property
+    def bit_equal(self) -> bool:
+        return all(self.layer_bit_equal(i) for i in range(len(RATIOS)))
+
+    @property
+    def worst(self) -> float:
+        return max(self.max_abs_diff + self.decode_max_abs_diff)
+
+
+@dataclasses.dataclass
+class Run:
+    extend: dict                 # position -> per-layer outputs
+    view: dict
+    decode: dict
+    evicted_reads: int = 0       # SWA reads (valid top-k entries) of evicted slots, all rows
+    evicted_read_rows: list = dataclasses.field(default_factory=list)
+
+
+# ---- the harness -------------------------------------------------------------------------------
+
+class Harness:
+    """Builds the document once, then runs H and R per case in two reusable worlds."""
+
+    DOC_SLOT, REQ_SLOT, NEIGHBOR_SLOT = 0, 1, 2
+
+    def __init__(self, *, doc: int = DOC, tokens_key: int = 512,
+                 progress: Callable[[str], None] | None = None):
+        from adapter import installer, swa_cone
+        from adapter.cpu import dsv4_attention
+
+        dsv4_attention.prepare()
+        self.progress = progress or (lambda msg: None)
+        self.doc_len = doc
+        self.fresh_page = doc // PAGE + 2
+        self._route = contextlib.ExitStack()
+        self._route.enter_context(dsv4_attention.cpu_route())
+        status = installer.install_in_process({"DSV41_SWA_CONE_REPLAY": "1",
+                                               "DSV41_SWA_CONE_TOKENS": str(tokens_key)})
+        if status["swa_cone"].status != "installed":
+            raise RuntimeError(f"swa_cone not installed: {status['swa_cone'].detail}")
+        self.cone = swa_cone.state()
+        self.stack = Stack()
+        pages = self.fresh_page + CONTEXT // PAGE
+        self.H = World(self.stack, full_pages=pages, swa_pages=pages)
+        self.R = World(self.stack, full_pages=pages, swa_pages=pages)
+        # What cone's match side reads to decide whether to plan (None: it plans here).
+        self.served_by = swa_cone.forward_side()
+        self.backend_class = type(self.R.backend)
+        t0 = time.process_time()
+        self.doc = self._document()
+        self.doc_seconds = time.process_time() - t0
+        self.progress(f"document [0,{doc}) prefilled in {self.doc_seconds:.1f} s CPU")
+
+    def close(self) -> None:
+        from adapter import installer
+
+        self.R.close()           # overrides restore in reverse order of install
+        self.H.close()
+        self._route.close()
+        installer.reset_for_tests()
+
+    def hooks_installed(self) -> bool:
+        """Cone's forward hooks wrap the backend class's own methods (HookRegistry wrappers
+        whose unwrapped function is the engine's)."""
+        from adapter import pins
+
+        cls = self.backend_class
+        return all(cls.__dict__[m] is not pins.original_callable(cls.__dict__[m])
+                   and pins.original_callable(cls.__dict__[m]).__qualname__ == f"{cls.__name__}.{m}"
+                   for m in ("_build_forward_metadata", "init_forward_metadata_prefill"))
+
+    # -- worlds -----------------------------------------------------------------------------
+
+    def _document(self) -> dict:
+        """The document [0, D) prefilled in chunks on full pages 1..D/256 (SWA page = full page)."""
+        w = self.H
+        pages = torch.arange(1, self.doc_len // PAGE + 1)
+        loc = (pages[:, None] * PAGE + torch.arange(PAGE)).flatten()
+        w.req_to_token[self.DOC_SLOT, :self.doc_len] = loc.to(w.req_to_token.dtype)
+        w.mapping[loc] = loc
+        for start in range(0, self.doc_len, DOC_CHUNK):
+            w.forward([("doc", self.DOC_SLOT, start, min(self.doc_len, start + DOC_CHUNK), 0)])
+        return w.snapshot()
+
+    def _request(self, world: World, *, resident: int, start: int, end: int,
+                 neighbor: int = 0) -> torch.Tensor:
+        """Request slot: the document's pages for [0, resident), fresh pages (full and SWA) for
+        [start, end + DECODE_STEPS), in order, as the allocator hands a request its pages."""
+        r2t = world.req_to_token
+        r2t[self.REQ_SLOT].zero_()
+        r2t[self.REQ_SLOT, :resident] = r2t[self.DOC_SLOT, :resident]
+        n = end + DECODE_STEPS - start
+        pages = torch.arange(self.fresh_page, self.fresh_page + -(-n // PAGE))
+        fresh = (pages[:, None] * PAGE + torch.arange(PAGE)).flatten()[:n]
+        r2t[self.REQ_SLOT, start:end + DECODE_STEPS] = fresh.to(r2t.dtype)
+        world.mapping[fresh] = fresh
+        if neighbor:
+            first = self.fresh_page + CONTEXT // PAGE // 2
+            loc = (first * PAGE + torch.arange(neighbor))
+            r2t[self.NEIGHBOR_SLOT].zero_()
+            r2t[self.NEIGHBOR_SLOT, :neighbor] = loc.to(r2t.dtype)
+            world.mapping[loc] = loc
+        return fresh[:end - start]
+
+    def _stale_fresh_pages(self, world: World, loc: torch.Tensor) -> None:
+        """Fresh pages hold stale data: latents and index keys of something else."""
+        from adapter.cpu.dsv4_attention import store_index_k, store_k
+
+        g = torch.Generator().manual_seed(NOISE_SEED + 1)
+        for layer_id, ratio in enumerate(RATIOS):
+            if not ratio:
+                continue
+            slots = torch.unique(loc // ratio)
+            buf, page = world.latent_buffer(layer_id)
+            store_k(buf, slots, torch.randn(slots.numel(), DIM, generator=g), page)
+            if ratio == 4:
+                buf, page = world.index_buffer(layer_id)
+                store_index_k(buf, slots, torch.randn(slots.numel(), 128, generator=g), page)
+
+    def _evict(self, world: World, *, overwrite: bool) -> torch.Tensor:
+        """The session's SWA is evicted: the engine's allocator clears a freed slot's mapping to
+        0 (the padding slot); the harness then overwrites the freed SWA pages and the padding
+        page with large noise, so any read of them shows (unless `overwrite` is False). Returns
+        the evicted SWA slots as a mask."""
+        from adapter.cpu.dsv4_attention import store_k
+
+        doc_loc = world.req_to_token[self.DOC_SLOT, :self.doc_len].to(torch.int64)
+        freed = world.mapping[doc_loc].clone()
+        world.mapping[doc_loc] = 0
+        evicted = torch.zeros(world.mapping.numel(), dtype=torch.bool)
+        evicted[:PAGE] = True
+        evicted[freed] = True
+        if overwrite:
+            g = torch.Generator().manual_seed(NOISE_SEED)
+            slots = torch.nonzero(evicted).flatten()
+            for layer_id in range(len(RATIOS)):
+                store_k(world.swa_buffer(layer_id), slots,
+                        torch.randn(slots.numel(), DIM, generator=g) * 1e3,
+                        world.pool.swa_kv_pool.page_size)
+        return evicted
+
+    # -- runs -------------------------------------------------------------------------------
+
+    def _run(self, world: World, rid: str, bounds: list, case: Case, audit=None) -> tuple:
+        """Extend passes over `bounds`, the first beside the neighbour request (if the case has
+        one), then DECODE_STEPS decode steps. Outputs keyed by position (neighbour: -1 - pos)."""
+        ext = {}
+        for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+            segments = [(rid, self.REQ_SLOT, a, b, 0)]
+            if i == 0 and case.neighbor:
+                segments.insert(0, ("X", self.NEIGHBOR_SLOT, 0, case.neighbor, NEIGHBOR_SALT))
+            outs = world.forward(segments, audit=audit and audit(segments))
+            keys = [-1 - p for p in range(case.neighbor)] if i == 0 and case.neighbor else []
+            keys += list(range(a, b))
+            for row, key in enumerate(keys):
+                ext[key] = tuple(o[row] for o in outs)
+        dec = {}
+        for p in range(case.L, case.L + DECODE_STEPS):
+            segments = [(rid, self.REQ_SLOT, p, p + 1, 0)]
+            outs = world.forward(segments, decode=True, audit=audit and audit(segments))
+            dec[p] = tuple(o[0] for o in outs)
+        return ext, dec
+
+    @staticmethod
+    def r_bounds(case: Case) -> list:
+        """R's passes: [s, s + chunk), ... up to L (the replay is one chunked prefill from s)."""
+        return sorted({*range(case.s, case.L, case.chunk), case.L})
+
+    @classmethod
+    def h_bounds(cls, case: Case, *, aligned: bool = True) -> list:
+        """H's passes over [F, L). Aligned: they end where R's do, so a row >= F sits in a batch
+        with the same longest row in H and R (the engine's torch top-k breaks score ties by
+        position in a logits row as wide as the batch's longest c4 length, in pages). Not
+        aligned: chunks from F, as a scheduler would cut them."""
+        if aligned:
+            return [case.F] + [b for b in cls.r_bounds(case) if b > case.F]
+        return sorted({*range(case.F, case.L, case.chunk), case.L})
+
+    def run_h(self, case: Case, *, aligned: bool = True) -> Run:
+        w = self.H
+        w.load(self.doc)
+        self._request(w, resident=case.F, start=case.F, end=case.L, neighbor=case.neighbor)
+        ext, dec = self._run(w, "H", self.h_bounds(case, aligned=aligned), case)
+        view = request_view(w, self.REQ_SLOT, swa_from=case.F - WINDOW, groups_from=case.s,
+                            end=case.L)
+        return Run(ext, view, dec)
+
+    def run_r(self, case: Case, *, overwrite_evicted: bool = True, disable: tuple = ()) -> Run:
+        """Cone's replay from s. `disable` switches off steps of cone's forward side (controls):
+        "copy", "mask", "floor"."""
+        from adapter import swa_cone_copy
+        from adapter.swa_cone import Plan
+
+        w = self.R
+        w.load(self.doc)
+        evicted = self._evict(w, overwrite=overwrite_evicted)
+        fresh = self._request(w, resident=case.s, start=case.s, end=case.L,
+                              neighbor=case.neighbor)
+        self._stale_fresh_pages(w, fresh)
+        # The plan as Cone._commit makes it: the resident full slots of [s, F) on the tree path.
+        src = w.req_to_token[self.DOC_SLOT, case.s:case.F].to(device="cpu", dtype=torch.int64)
+        self.cone.plans.clear()
+        self.cone.plans["R"] = Plan(rid="R", F=case.F, s=case.s, L=case.L, src_loc=src.clone())
+        copies = self.cone.counters["copies"]
+        reads = {"n": 0, "rows": set()}
+
+        def audit(segments):
+            row_pos = torch.cat([torch.arange(a, b) if rid == "R" else torch.full((b - a,), -1)
+                                 for rid, _, a, b, _ in segments])
+
+            def check(md):
+                idx = md.swa_page_indices
+                idx = idx.reshape(idx.shape[0], -1)
+                n = md.swa_topk_lengths.reshape(-1)[:idx.shape[0]].to(torch.int64)
+                valid = (torch.arange(idx.shape[1])[None, :] < n[:, None]) & (idx >= 0)
+                hit = valid & evicted[idx.clamp_min(0).to(torch.int64)]
+                reads["n"] += int(hit.sum())
+                reads["rows"].update(row_pos[torch.nonzero(hit.any(1)).flatten()].tolist())
+            return check
+
+        with _disabled(swa_cone_copy, disable):
+            ext, dec = self._run(w, "R", self.r_bounds(case), case, audit=audit)
+        if "R" in self.cone.plans:
+            raise AssertionError("cone's plan was not consumed by the first pass")
+        if "copy" not in disable and self.cone.counters["copies"] != copies + 1:
+            raise AssertionError("cone did not copy")
+        view = request_view(w, self.REQ_SLOT, swa_from=case.F - WINDOW, groups_from=case.s,
+                            end=case.L)
+        # Audit of every layer: count each (row, slot) read once per layer.
+        return Run(ext, view, dec, reads["n"], sorted(reads["rows"]))
+
+    @staticmethod
+    def compare(case: Case, h: Run, r: Run) -> Comparison:
+        n = len(RATIOS)
+        rows = list(range(case.F, case.L)) + [-1 - p for p in range(case.neighbor)]
+        diff, equal = [0.0] * n, [True] * n
+        for p in rows:
+            for i, (a, b) in enumerate(zip(h.extend[p], r.extend[p])):
+                diff[i] = max(diff[i], _max_diff(a, b))
+                equal[i] = equal[i] and torch.equal(a, b)
+        differing, nbytes = [], [0] * n
+        for key, (pos, hb) in h.view.items():
+            rpos, rb = r.view[key]
+            assert torch.equal(pos, rpos)
+            bad = (hb != rb).any(1)
+            if bool(bad.any()):
+                kind, layer = key
+                nbytes[layer] += int((hb != rb).sum())
+                width = 1 if kind == "swa" else RATIOS[layer]
+                differing.append(f"{kind} layer {layer} (c{RATIOS[layer]}) at positions "
+                                 f"{_ranges(pos[bad].tolist(), width)}")
+        ddiff, dequal = [0.0] * n, [True] * n
+        for p in h.decode:
+            for i, (a, b) in enumerate(zip(h.decode[p], r.decode[p])):
+                ddiff[i] = max(ddiff[i], _max_diff(a, b))
+                dequal[i] = dequal[i] and torch.equal(a, b)
+        return Comparison(len(rows), diff, equal, nbytes, differing, len(h.decode), ddiff,
+                          dequal)
+
+    @staticmethod
+    def rows_diff(a: Run, b: Run, lo: int, hi: int) -> float:
+        """Max |diff| of two runs' outputs over positions [lo, hi), every layer."""
+        return max((_max_diff(x, y) for p in range(lo, hi) if p in a.extend
+                    for x, y in zip(a.extend[p], b.extend[p])), default=0.0)
+
+    def spread(self, case: Case) -> float:
+        """The torch path's own spread: H of `case` run twice, same batches."""
+        a, b = self.run_h(case), self.run_h(case)
+        return self.compare(case, a, b).worst
+
+    def composition_spread(self, case: Case) -> Comparison:
+        """The engine's own spread across batch compositions: H with passes aligned to R's
+        against H chunked from F (no cone involved in either)."""
+        return self.compare(case, self.run_h(case, aligned=True), self.run_h(case, aligned=False))
+
+
+# ---- cases and controls as the bench and the tests run them -----------------------------------
+
+CONTROL_CASE = CASES[0]
+CONE_CASE = Case("N=256 inside the stack's cone", s=1792, F=2048, L=2049, chunk=256,
+                 note="copy, mask and floor on; N below 3 x 127")
+
+CONTROLS = {
+    "no copy": "swa_cone_copy.copy_resident skipped in Cone.apply (the "
+               "DeepseekV4AttnBackend._build_forward_metadata hook): the replay rows' fresh "
+               "pages keep their stale latents / index keys",
+    "no write mask": "swa_cone_copy.keep_rows -> None: Cone.apply leaves "
+                     "ForwardBatch.encoder_swa_compress_rows unset (the _build_forward_metadata "
+                     "hook), so the engine's _compressor_out_loc keeps the replay rows' own "
+                     "c4 / c128 / index-key out locs",
+    "no window floor": "swa_cone_copy.row_floor -> None: neither encoder_swa_row_floor (the "
+                       "_build_forward_metadata hook) nor swa_replay_start (the "
+                       "init_forward_metadata_prefill hook) is set",
+    "evicted slots left with their old contents": "harness step: after eviction (mapping "
+                                                   "cleared to the padding slot) the freed SWA "
+                                                   "pages and the padding page are not "
+                                                   "overwritten; window floor off as above",
+    "N inside the exact cone": "nothing disabled; N = 256 is below the stack's cone (3 SWA "
+                               "layers x 127): the rebuilt window [F-128, F) is computed from "
+                               "floored rows",
+}
+
+
+def run_control(h: Harness, name: str, ok: dict, tolerance: float, *,
+                case: Case = CONTROL_CASE, cone_case: Case = CONE_CASE) -> dict:
+    """One negative control on `case`; `ok` holds its H and cone-replay R runs ("H", "R"), and
+    collects the unfloored run for the next control."""
+    t0 = time.process_time()
+    extra = {}
+    if name == "no copy":
+        c = h.compare(case, ok["H"], h.run_r(case, disable=("copy",)))
+        diff, extra = c.worst, {"views": c.differing_views}
+        metric = "rows >= F (outputs, decode) vs H"
+    elif name == "no write mask":
+        r = h.run_r(case, disable=("mask",))
+        c = h.compare(case, ok["H"], r)
+        diff = c.worst
+        overwritten = [v for v in c.differing_views if not v.startswith("swa")]
+        extra = {"overwrote": _resident_rows(overwritten, case), "views": c.differing_views}
+        metric = "rows >= F (outputs, decode) vs H"
+    elif name in ("no window floor", "evicted slots left with their old contents"):
+        overwrite = name == "no window floor"
+        r = h.run_r(case, disable=("floor",), overwrite_evicted=overwrite)
+        c = h.compare(case, ok["H"], r)
+        if overwrite:
+            ok["no floor"] = r
+            diff = h.rows_diff(r, ok["R"], case.s, case.F)
+            metric = "replay rows [s, F) vs the floored replay (reads of evicted slots)"
+        else:
+            diff = h.rows_diff(r, ok["no floor"], case.s, case.F)
+            metric = ("replay rows [s, F) vs the same unfloored replay with the evicted slots "
+                      "overwritten")
+        extra = {"rows_ge_F_max_abs_diff": c.worst, "evicted_slot_reads": r.evicted_reads,
+                 "rows_reading_evicted": _ranges(r.evicted_read_rows, 1)}
+    elif name == "N inside the exact cone":
+        c = h.compare(cone_case, h.run_h(cone_case), h.run_r(cone_case))
+        diff, extra = c.worst, {"views": c.differing_views}
+        metric = "rows >= F (outputs, decode) vs H"
+    else:
+        raise KeyError(name)
+    return {"name": name, "max_abs_diff": diff, "detected": bool(diff > tolerance),
+            "disables": CONTROLS[name], "metric": metric,
+            "seconds": round(time.process_time() - t0, 1), **extra}
+
+
+def _resident_rows(views: list, case: Case) -> str:
+    return "; ".join(v.replace(" at positions", " of resident rows") for v in views) or "none"
+
+
+@contextlib.contextmanager
+def _disabled(cc, steps: tuple):
+    """Switch off steps of cone's forward side for a control, at the functions Cone.apply calls:
+    copy -> swa_cone_copy.copy_resident, mask -> swa_cone_copy.keep_rows (no
+    encoder_swa_compress_rows), floor -> swa_cone_copy.row_floor (no encoder_swa_row_floor, no
+    swa_replay_start)."""
+    saved = {}
+    if "copy" in steps:
+        saved["copy_resident"] = cc.copy_resident
+        cc.copy_resident = lambda pool, src, dst, *, page_size: cc.CopyReport(0, 0, 0)
+    if "mask" in steps:
+        saved["keep_rows"] = cc.keep_rows
+        cc.keep_rows = lambda *a, **k: None
+    if "floor" in steps:
+        saved["row_floor"] = cc.row_floor
+        cc.row_floor = lambda *a, **k: None
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(cc, name, value)
+
+
+def _ranges(values: list, width: int) -> str:
+    """[a, b) ranges of positions (each covering `width` tokens)."""
+    if not values:
+        return ""
+    out, start, prev = [], values[0], values[0]
+    for v in values[1:]:
+        if v != prev + width:
+            out.append(f"[{start},{prev + width})")
+            start = v
+        prev = v
+    out.append(f"[{start},{prev + width})")
+    return " ".join(out)
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)

@@ -1,0 +1,138 @@
+"""The engine's DeepSeek-V4 attention backend on CPU: the stand-ins its GB10 (SM120) route needs.
+
+Tests and benches only; nothing in production imports this module. The backend class, the pool,
+the ForwardBatch, the metadata builders, the SWA page indices, the c4 indexer (logits + top-k)
+and the sparse attention are the engine's own: `SGLANG_SM120_FLASHMLA_BACKEND=torch` selects the
+pure-torch `_sm120_sparse_decode_fwd`, `SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1` the torch indexer
+logits, `dsa_topk_backend=torch` the torch top-k. What cannot run here (Triton / CUDA-JIT) is
+replaced below, one function each, with what production runs instead named in its docstring.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+# Read by the engine at import time (flash_mla_sm120 reads its backend once): set before import.
+ENVIRON = {"SGLANG_SM120_FLASHMLA_BACKEND": "torch", "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH": "1"}
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+NOPE, ROPE, TILE = 448, 64, 64
+INDEX_DIM = 128
+
+
+def prepare() -> None:
+    """Environment and import stand-ins for the engine's DSV4 attention on CPU (call first)."""
+    for key, value in ENVIRON.items():
+        current = os.environ.get(key)
+        if current is not None and current != value:
+            raise RuntimeError(f"{key}={current} is set; the CPU route needs {key}={value}")
+        os.environ[key] = value
+    from adapter.cpu import cpu_engine
+
+    cpu_engine.install_torchvision_shim()
+    cpu_engine.install_sgl_kernel_stand_in()
+    from sglang.kernels.ops.attention import flash_mla_sm120
+
+    if flash_mla_sm120._sm120_default_backend != "torch":
+        raise RuntimeError("flash_mla_sm120 was imported before prepare(): its backend is "
+                           f"{flash_mla_sm120._sm120_default_backend!r}, not 'torch'")
+
+
+def init_compression_metadata_torch(seq_lens, positions, raw_out_loc, page_table=None,
+                                    page_size=0, compute_page_indices=True):
+    """Torch version of metadata_kernel.init_compression_metadata (production: the Triton kernel
+    `_init_compressed_attn_metadata_kernel`); same nine outputs, same rule row by row."""
+    device = seq_lens.device
+    n_write = raw_out_loc.shape[0]
+    seq = seq_lens.to(torch.int64)
+    pos = positions.to(torch.int64)
+    raw = raw_out_loc.to(torch.int64)
+    out = []
+    for ratio in (4, 128):
+        compress = seq[:n_write] % ratio == 0
+        out_loc = torch.where(compress, raw // ratio, torch.zeros_like(raw))
+        c_pos = (pos & ~(ratio - 1)).to(torch.int32)
+        c_raw = (seq // ratio).to(torch.int32)
+        out += [out_loc, c_pos, c_raw, c_raw.clamp_min(1)]
+    page_indices = None
+    if compute_page_indices:
+        assert page_table is not None and page_size >= 128 and page_size % 128 == 0
+        c128_page = page_size // 128
+        width = c128_page * page_table.shape[1]
+        offsets = torch.arange(width, device=device)
+        slots = (page_table.to(torch.int64)[:, offsets // c128_page] * c128_page
+                 + offsets % c128_page)
+        valid = offsets[None, :] < (seq // 128)[:, None]
+        page_indices = torch.where(valid, slots, torch.full_like(slots, -1)).to(torch.int32)
+    return (*out, page_indices)
+
+
+def create_paged_compressor_data_stand_in(compress_ratio, **_):
+    """Stand-in for compressor_v2.create_paged_compressor_data (production: the CUDA-JIT
+    planner). Its plan is read only by the compressor kernels, which this route does not run
+    (the harness writes latents and index keys itself at the engine's c4/c128 out locs)."""
+    return None
+
+
+def pack_k(k: torch.Tensor):
+    """(fp8 nope, bf16 rope, ue8m0 scales) pack of bf16 rows [n, 512], the rule of the engine
+    kit's `quant_to_nope_fp8_rope_bf16_pack_triton` in torch (production: the fused
+    quantize-and-store kernels)."""
+    from sglang.kernels.ops.kvcache.dsv4_main_kv_store import NopeFp8RopeBf16Pack
+
+    k = k.to(torch.bfloat16)
+    n = k.shape[0]
+    tiles = k[:, :NOPE].float().view(n, NOPE // TILE, TILE)
+    amax = tiles.abs().amax(-1).clamp_min(1e-8)
+    exponent = torch.ceil(torch.log2(amax / FP8_MAX))
+    scaled = (tiles / torch.exp2(exponent)[..., None]).clamp(-FP8_MAX, FP8_MAX)
+    return NopeFp8RopeBf16Pack(
+        k_nope_fp8=scaled.view(n, NOPE).to(FP8).contiguous(),
+        k_rope_bf16=k[:, NOPE:].contiguous(),
+        scale_k_nope_ue8m0=(exponent.to(torch.int32) + 127).to(torch.uint8).contiguous())
+
+
+def store_k(buf: torch.Tensor, loc: torch.Tensor, k: torch.Tensor, page_size: int) -> None:
+    """Write bf16 rows [n, 512] at token slots `loc` of a V4-layout page buffer, with the engine
+    kit's `set_k_and_s_torch` (production: `dsv4_main_kv_store.SetKAndS`, Triton)."""
+    from sglang.test.kernels.deepseek_v4.k_cache_reference import set_k_and_s_torch
+
+    if loc.numel():
+        set_k_and_s_torch(buf, loc.to(torch.int64).contiguous(), pack_k(k), page_size)
+
+
+def store_index_k(buf: torch.Tensor, loc: torch.Tensor, k: torch.Tensor, page_size: int) -> None:
+    """Write index keys [n, 128] (fp8 + one fp32 scale each) at slots `loc` of an index-K page
+    buffer [pages, page_size * 132] (production: `dsa_index_k_cache.SetKAndS`, Triton)."""
+    if not loc.numel():
+        return
+    k = k.float()
+    scale = (k.abs().amax(-1, keepdim=True) / FP8_MAX).clamp_min(1e-8)
+    data = (k / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8).view(torch.uint8)
+    loc = loc.to(torch.int64)
+    page, slot = loc // page_size, loc % page_size
+    cols = slot[:, None] * INDEX_DIM + torch.arange(INDEX_DIM)
+    buf[page[:, None].expand_as(cols), cols] = data
+    cols = page_size * INDEX_DIM + slot[:, None] * 4 + torch.arange(4)
+    buf[page[:, None].expand_as(cols), cols] = scale.view(torch.uint8).view(-1, 4)
+
+
+@contextlib.contextmanager
+def cpu_route():
+    """The GB10 dispatch (`is_sm120`) with the Triton / CUDA-JIT metadata pieces replaced."""
+    from sglang.srt.layers.attention import deepseek_v4_backend as backend_module
+    from sglang.srt.runtime_context import override_platform
+
+    saved = {name: getattr(backend_module, name) for name in
+             ("_init_compression_metadata_triton", "create_paged_compressor_data")}
+    backend_module._init_compression_metadata_triton = init_compression_metadata_torch
+    backend_module.create_paged_compressor_data = create_paged_compressor_data_stand_in
+    try:
+        with override_platform(is_sm120=True):
+            yield
+    finally:
+        for name, value in saved.items():
+            setattr(backend_module, name, value)
