@@ -97,6 +97,7 @@ class ConfigRun:
     logs: dict = dataclasses.field(default_factory=dict)          # "<role> pid N" -> text
     errors: list = dataclasses.field(default_factory=list)
     log_dir: str = ""
+    extras: dict = dataclasses.field(default_factory=dict)       # what on_server() returned
 
     def lines(self, role_prefix: str = "") -> list[str]:
         return [ln for role, text in self.logs.items() if role.startswith(role_prefix)
@@ -141,8 +142,14 @@ def _log_errors(logs: dict) -> list[str]:
 
 def run_config(model: str, keys: dict, args: dict, *,
                scenarios=("equality", "window", "idle", "cadence"),
-               progress: Optional[Callable[[str], None]] = None, name: str = "") -> ConfigRun:
-    """Boot, run the traffic, stop; never leaves a process behind."""
+               progress: Optional[Callable[[str], None]] = None, name: str = "",
+               extra_env: Optional[dict] = None,
+               on_server: Optional[Callable[[object], dict]] = None) -> ConfigRun:
+    """Boot, run the traffic, stop; never leaves a process behind.
+
+    scenarios may add "calibration" (traffic.calibration_run, for `dsv41 calibrate yield`);
+    extra_env goes to the server's environment (harness switches); on_server(server), called
+    after the traffic while the server still runs, returns what lands in run.extras."""
     from adapter.cpu.server import BootError, CpuServer
     from adapter.tools import traffic
 
@@ -150,7 +157,8 @@ def run_config(model: str, keys: dict, args: dict, *,
     merged = dict(MODEL_ARGS[model])
     merged.update(args)
     run = ConfigRun(model, dict(keys), dict(args))
-    server = CpuServer(model, keys=keys, args=merged, name=re.sub(r"[^A-Za-z0-9_.-]+", "-", name or model))
+    server = CpuServer(model, keys=keys, args=merged, name=re.sub(r"[^A-Za-z0-9_.-]+", "-", name or model),
+                       extra_env=dict(extra_env or {}))
     began = time.monotonic()
     try:
         say(f"{name or model}: booting ({model} model, {len(keys)} DSV41 keys)")
@@ -172,6 +180,11 @@ def run_config(model: str, keys: dict, args: dict, *,
             server.flush_cache()
             say(f"{name or model}: stream cadence during a {CADENCE_PREFILL[model]}-token prefill")
             run.cadence = traffic.yield_cadence(server, CADENCE_PREFILL[model])
+        if "calibration" in scenarios:
+            say(f"{name or model}: calibration traffic")
+            run.extras["calibration_sent"] = traffic.calibration_run(server)
+        if on_server is not None:
+            run.extras.update(on_server(server) or {})
     except BootError as exc:
         # the headline with the server's own error lines (the refusal first) and its log dir
         run.errors.append(f"boot failed: {exc.summary()}")
