@@ -71,14 +71,19 @@ def _evict_until_resume_point_lost(cpu, live_node):
     return evicted
 
 
-def test_installs_and_selects_python_core(install_adapters):
+@pytest.mark.parametrize("requested", ["rust", "python"])
+def test_installs_and_selects_its_own_core(install_adapters, requested):
     status = install_adapters(THIN)
     assert status["swa_thin"].status == "installed", status["swa_thin"].detail
     assert status["swa_thin"].pin_ok
-    # The production launch asks for the engine default (rust); thin needs the Python LRU.
-    cpu = _build(backend="rust")
-    assert type(cpu.cache.tree_core).__name__ == "UnifiedTreeCore"
-    assert cpu.cache._tree_core_backend == "python"
+    # The production launch asks for the engine default (rust); a FULL+SWA cache gets thin's
+    # own core (a subclass of the engine's Python core, registered with the engine).
+    cpu = _build(backend=requested)
+    from adapter.swa_thin.core import ThinTreeCore
+    from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
+
+    assert type(cpu.cache.tree_core) is ThinTreeCore and isinstance(cpu.cache.tree_core, UnifiedTreeCore)
+    assert cpu.cache._tree_core_backend == "dsv41_thin"
 
 
 def test_key_unset_leaves_the_engine_default_core(install_adapters):
@@ -215,16 +220,16 @@ def test_counters_live_in_the_receipts_counter_source(install_adapters):
     swa_thin.reset_counts()
     cpu = _build(backend="rust")                  # switched: served by the Python core
     _two_sessions(cpu)
-    _build(backend="python")                      # asked for python: no switch, still counted
+    _build(backend="python")                      # asked for python: switched too
     c = receipts.counters["swa_thin"]
-    assert c["core:python"] == 2 and c["core:rust"] == 0
+    assert c["core:dsv41_thin"] == 2 and c["core:python"] == 0 and c["core:rust"] == 0
     assert c["hooked_inserts"] == 12 and c["checkpoints_passed"] == 10   # 2 x (5 chunks + final)
     assert c["nodes_moved"] > 0
     kept = {k: v for k, v in c.items() if k.startswith("kept:")}
     assert set(kept) <= {"kept:in-new-window", "kept:locked", "kept:session"} and kept
     assert "python_core_selected" not in c
     summary = swa_thin.summary()
-    assert summary["nodes_moved"] == c["nodes_moved"] and summary["core"] == {"python": 2}
+    assert summary["nodes_moved"] == c["nodes_moved"] and summary["core"] == {"dsv41_thin": 2}
     assert summary["kept"] == {k[len("kept:"):]: v for k, v in kept.items()}
 
 
@@ -280,7 +285,7 @@ def _snapshot(cache):
 
 def test_production_path_in_a_child():
     """sitecustomize arms the installer from the environment, as in the image: a cache the
-    engine would build on the Rust core gets the Python core and thin's receipt lines."""
+    engine would build on the Rust core gets thin's core and thin's receipt lines."""
     from conftest import run_python
 
     code = ("from adapter.cpu import cpu_engine\n"
@@ -288,8 +293,8 @@ def test_production_path_in_a_child():
             "print('CORE', type(cpu.cache.tree_core).__name__)\n")
     on = run_python(code, env=THIN)
     assert on.returncode == 0, on.stderr[-2000:]
-    assert "CORE UnifiedTreeCore" in on.stdout
-    assert "swa_thin installed" in on.stderr and "tree core: python instead of rust" in on.stderr
+    assert "CORE ThinTreeCore" in on.stdout
+    assert "swa_thin installed" in on.stderr and "tree core: dsv41_thin instead of rust" in on.stderr
     # (key unset: test_key_unset_leaves_the_engine_default_core, in process)
 
 
@@ -313,11 +318,11 @@ def test_dense_cache_keeps_the_rust_core_with_a_fallback_line(install_adapters, 
     with caplog.at_level(logging.INFO, logger="sglang.dsv41"):
         dense = tree_core_registry.select_tree_core_backend(params((ComponentType.FULL,)))
         hybrid = tree_core_registry.select_tree_core_backend(params((ComponentType.FULL, ComponentType.SWA)))
-    assert (dense, hybrid) == ("rust", "python")
+    assert (dense, hybrid) == ("rust", "dsv41_thin")
     assert receipts.counters["swa_thin"]["core:rust"] == 1
-    assert receipts.counters["swa_thin"]["core:python"] == 1
+    assert receipts.counters["swa_thin"]["core:dsv41_thin"] == 1
     assert receipts.counters["swa_thin"]["fallback:cache has no SWA component (not a hybrid-SWA "
                                           "model); tree core and eviction order left to the engine"] == 1
     messages = [r.getMessage() for r in caplog.records]
     assert [m for m in messages if "fallback: cache has no SWA component" in m]
-    assert [m for m in messages if "tree core: python instead of rust" in m]
+    assert [m for m in messages if "tree core: dsv41_thin instead of rust" in m]

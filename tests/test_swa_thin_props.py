@@ -146,7 +146,7 @@ def test_tree_invariants_hold(install_adapters, name, backend, env):
     def prop(ops):
         drv = _run(ops, backend)
         if name == "thin":
-            assert type(drv.cache.tree_core).__name__ == "UnifiedTreeCore"
+            assert type(drv.cache.tree_core).__name__ == "ThinTreeCore"
 
     prop()
     if name == "thin":

@@ -17,11 +17,18 @@ What this adapter does, and nothing more:
   Kept in place: nodes still locked (another live request reads them), nodes of the new window
   (short extends overlap it), session-referenced nodes (the engine's session partition).
   No node is freed, locked, split or resized; sizes and lock refs are untouched.
-- `tree_core_registry.select_tree_core_backend`: the Rust tree core (the engine default) keeps its
-  SWA LRU inside the extension with no Python-side way to reorder it, so with the key set the
-  engine's own backend selection returns "python" where it would return "rust" (one receipt line
-  per cache built that way). A cache without an SWA component (a dense model) keeps Rust, with a
-  fallback line: there is no SWA LRU to reorder, so the Python core would cost for nothing. bench/thin_core_cost.py measures what the Python core costs.
+- `tree_core_registry.select_tree_core_backend`: neither engine core exposes a way to reorder
+  the SWA LRU on the engine default (Rust: no binding reaches its LRU). For a FULL + SWA cache
+  where the engine would run rust or python, thin selects its own core instead: "dsv41_thin"
+  (adapter/swa_thin/core.py), a subclass of the engine's Python core registered with the
+  engine's `register_tree_core_backend`, same tree, without the Python core's per-node tolls
+  (offset insert walk, page-compare child lookup, inlined lock walks). It exposes
+  `demote_swa_lru(node_ids)`, the binding thin proposes upstream
+  (docs/upstream/swa-lru-demote.md), and thin moves through it. A core that already exposes that
+  binding is kept as it is (the day the Rust core has it). Other SWA caches (with Mamba) get the
+  engine's Python core, moved through its `UnifiedLRUList`. A cache without an SWA component (a
+  dense model) keeps Rust, with a fallback line. One receipt line per cache built on a switched
+  core; bench/thin_core_cost.py measures what each core costs.
 
 Receipt: one line every 1024 hooked inserts with the moved / kept counts.
 """
@@ -38,7 +45,16 @@ COUNTERS = {
     "checkpoints_passed": "checkpoints whose request moved past them",
     "nodes_moved": "SWA LRU nodes moved to the evict-first end",
     "kept:": "nodes of a passed checkpoint left in place, by reason (in-new-window, locked, session)",
-    "core:": "caches built, by the tree core serving them",
+    "core:": "caches built, by the tree core serving them (rust, python, dsv41_thin)",
+}
+
+THIN_CORE = "dsv41_thin"            # thin's own tree core, as registered with the engine
+DEMOTE_BINDING = "demote_swa_lru"   # the binding thin moves through where a core exposes it
+# Engine backends thin may switch, and the class each builds (a class exposing DEMOTE_BINDING is
+# kept): name -> (module, class).
+ENGINE_CORES = {
+    "rust": ("sglang.srt.mem_cache.rust_tree_core.adapter", "RustUnifiedTreeCore"),
+    "python": ("sglang.srt.mem_cache.unified_cache.unified_tree_core", "UnifiedTreeCore"),
 }
 
 
@@ -117,7 +133,16 @@ def _to_evict_first_end(lru, node) -> None:
 
 def move_passed_checkpoint(cache, old_id, new_id) -> tuple[int, int]:
     """Move the window of checkpoint `old_id` (passed by its request, now at `new_id`) to the
-    evict-first end of the SWA LRU. Returns (moved, kept) node counts."""
+    evict-first end of the SWA LRU. Returns (moved, kept) node counts.
+
+    Through the core's `demote_swa_lru` binding where it has one (thin's own core; a future engine
+    core), else by relinking a Python core's `UnifiedLRUList` (the engine's Python core)."""
+    if cache.disable or not cache.is_swa_enabled:
+        return 0, 0
+    core = cache.tree_core
+    demote = getattr(core, DEMOTE_BINDING, None)
+    if demote is not None:
+        return _move_through_binding(cache, core, demote, old_id, new_id)
     found = _swa_lru(cache)
     if found is None:
         return 0, 0
@@ -155,6 +180,55 @@ def move_passed_checkpoint(cache, old_id, new_id) -> tuple[int, int]:
     return moved, kept
 
 
+# Binding outcomes that are not a kept checkpoint node (nothing in the SWA LRU to move).
+_NOT_IN_LRU = ("gone", "root", "tombstone")
+
+
+def _move_through_binding(cache, core, demote, old_id, new_id) -> tuple[int, int]:
+    """The same rule through `demote_swa_lru`: the old window deepest first, minus the nodes of
+    the new window (kept, unless tombstoned), in one call."""
+    swa = _swa_type()
+    span = cache.components[swa].sliding_window_size + core.page_size
+    try:
+        old_window = _window_ids(core, old_id, span)
+        live = set(_window_ids(core, new_id, span))
+    except KeyError:
+        receipts.fallback(NAME, "lock node left the tree during the insert; order unchanged")
+        return 0, 0
+    c = counts()
+    kept = 0
+    ids = []
+    for node_id in old_window:
+        if node_id not in live:
+            ids.append(node_id)
+        elif core.get_component_device_value(node_id, swa) is not None:
+            c[KEPT + "in-new-window"] += 1
+            kept += 1
+    moved = 0
+    for outcome in demote(ids) if ids else ():
+        if outcome == "moved":
+            moved += 1
+        elif outcome not in _NOT_IN_LRU:
+            c[KEPT + outcome] += 1
+            kept += 1
+    return moved, kept
+
+
+def _window_ids(core, node_id, span) -> list:
+    """Ids of the checkpoint window ending at `node_id`, deepest first: from the Python nodes of
+    a Python core, else from the core's `collect_path_info` (every core has it)."""
+    node_by_id = getattr(core, "node_by_id", None)
+    if getattr(core, "_node_arena", None) is not None and node_by_id is not None:
+        return [n.id for n in _window_nodes(core, node_by_id(node_id), span)]
+    ids, covered = [], 0
+    for info in reversed(core.collect_path_info([node_id])[0]):
+        if covered >= span:
+            break
+        ids.append(info.node_id)
+        covered += info.path_end - info.path_start
+    return ids
+
+
 def _checkpoint_into_tree(original, self, req, *args, **kwargs):
     lock = getattr(req, "lock", None)
     old_id = lock.node if lock is not None else None
@@ -188,23 +262,71 @@ def _receipt_line(c) -> None:
 
 def _select_tree_core_backend(original, params, *args, **kwargs):
     name = original(params, *args, **kwargs)
-    if name == "rust" and not _has_swa(params):
-        # Nothing to reorder in a cache without an SWA component (a dense model): keep Rust.
-        receipts.fallback(NAME, "cache has no SWA component (not a hybrid-SWA model); tree core "
-                                "and eviction order left to the engine")
-    elif name == "rust":
-        # The Rust core's SWA walk follows an LRU that no 0.5.23 binding reorders (docs/swa_thin.md).
-        receipts.line(NAME, "tree core: python instead of rust (DSV41_SWA_THIN=1 reorders the SWA "
-                      "LRU, which the Rust core keeps out of Python's reach; unset the key for rust)")
-        name = "python"
+    if name in ENGINE_CORES:
+        name = _switch(name, params)
     counts()[f"core:{name}"] += 1
     return name
 
 
-def _has_swa(params) -> bool:
+def _switch(name: str, params) -> str:
+    """The core thin runs a cache on where the engine chose `name` (rust or python)."""
+    components = set(getattr(params, "tree_components", None) or ())
+    swa = _swa_type()
+    if swa not in components:
+        if name == "rust":
+            # Nothing to reorder in a cache without an SWA component (a dense model): keep Rust.
+            receipts.fallback(NAME, "cache has no SWA component (not a hybrid-SWA model); tree core "
+                                    "and eviction order left to the engine")
+        return name
+    if _exposes_demote(name):
+        receipts.line(NAME, "tree core: %s kept (it exposes %s, which thin moves through)",
+                      name, DEMOTE_BINDING)
+        return name
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
-    return ComponentType.SWA in tuple(getattr(params, "tree_components", None) or ())
+    if components == {ComponentType.FULL, swa}:
+        _register_core()
+        receipts.line(NAME, "tree core: %s instead of %s (thin's subclass of the engine's Python "
+                      "core: same tree, no per-node slicing; the engine's cores expose no way to "
+                      "reorder the SWA LRU, DSV41_SWA_THIN=1 does; unset the key for %s)",
+                      THIN_CORE, name, name)
+        return THIN_CORE
+    if name == "rust":
+        # Other SWA stacks (Mamba too): the engine's Python core, whose LRU thin relinks.
+        receipts.line(NAME, "tree core: python instead of rust (DSV41_SWA_THIN=1 reorders the SWA "
+                      "LRU, which the Rust core keeps out of Python's reach; unset the key for rust)")
+        return "python"
+    return name
+
+
+def _engine_core_class(name: str):
+    """The class engine backend `name` builds, or None (not importable here)."""
+    import importlib
+
+    module, cls = ENGINE_CORES[name]
+    try:
+        return getattr(importlib.import_module(module), cls, None)
+    except Exception:                # e.g. the Rust extension does not load here: no binding
+        return None
+
+
+def _exposes_demote(name: str) -> bool:
+    return callable(getattr(_engine_core_class(name), DEMOTE_BINDING, None))
+
+
+def _thin_core_factory(params, components):
+    from adapter.swa_thin.core import ThinTreeCore
+
+    return ThinTreeCore(params, components)
+
+
+def _register_core() -> None:
+    """Register thin's core with the engine's registry, once per process (install and every
+    switch call it; the registry refuses a second registration of one name)."""
+    from sglang.srt.mem_cache.unified_cache import tree_core_registry as registry
+
+    if registry.get_tree_core_factory(THIN_CORE) is None:
+        registry.register_tree_core_backend(THIN_CORE, _thin_core_factory)
 
 
 def _check_lru_api() -> None:
@@ -218,8 +340,10 @@ def _check_lru_api() -> None:
 
 def install(ctx) -> str:
     _check_lru_api()
+    _register_core()
     ctx.around("UnifiedRadixCache.checkpoint_into_tree", _checkpoint_into_tree)
     ctx.around("select_tree_core_backend", _select_tree_core_backend)
     return (f"DSV41_SWA_THIN={ctx.value('DSV41_SWA_THIN')}: moved-past checkpoints to the SWA "
-            f"LRU's evict-first end; tree core python (rust selections switched); receipt every "
+            f"LRU's evict-first end; tree core {THIN_CORE} for FULL+SWA caches (rust / python "
+            f"selections switched; thin's subclass of the engine's Python core); receipt every "
             f"{RECEIPT_EVERY} inserts")
