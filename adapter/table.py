@@ -46,6 +46,10 @@ _DSV4 = "sglang.srt.layers.attention.deepseek_v4_backend"
 _FB = "sglang.srt.model_executor.forward_batch_info"
 _RC = "sglang.srt.runtime_context"
 _FI_SM120 = "flashinfer.mla._sparse_mla_sm120"
+_UTCI = "sglang.srt.mem_cache.unified_cache.unified_tree_core_interface"
+_COMP = "sglang.srt.mem_cache.unified_cache.components"
+_SWA = "sglang.srt.mem_cache.unified_cache.components.swa"
+_RADIX = "sglang.srt.mem_cache.radix_cache"
 
 HOOKS: tuple[Hook, ...] = (
     # swan: SM12x sparse decode reads 256-token SWA pages in place (the SM12x decode entry;
@@ -69,7 +73,9 @@ HOOKS: tuple[Hook, ...] = (
         f"{_SCHED}:Scheduler.require_mlp_sync", f"{_SCHED}:Scheduler.dllm_config",
         f"{_RC}:get_parallel")),
     # swa_thin (before swa_cone): moved-past checkpoints to the SWA LRU's evict-first end; with
-    # the key set the engine's backend selection picks the Python tree core (Rust has no LRU API).
+    # the key set the engine's backend selection picks thin's own tree core for FULL+SWA caches
+    # (adapter/swa_thin/core.py, a subclass of the engine's Python core), Python for other SWA
+    # stacks (Rust has no LRU API).
     Hook("swa_thin", _URC, "UnifiedRadixCache.checkpoint_into_tree", touches=(
         f"{_UTC}:UnifiedLRUList.__init__",          # sets _pt, head, tail, mid, cache, _is_referenced
         f"{_UTC}:UnifiedLRUList.remove_node", f"{_UTC}:UnifiedLRUList.insert_after",
@@ -77,14 +83,60 @@ HOOKS: tuple[Hook, ...] = (
         f"{_UTC}:UnifiedTreeNode.__init__",         # sets lru_prev, component_data, key, parent, id
         f"{_UTC}:UnifiedTreeCore.node_by_id", f"{_UTC}:UnifiedTreeCore.is_root",
         f"{_UTC}:UnifiedTreeCore.lru_lists", f"{_UTC}:UnifiedTreeCore.root_node",
-        f"{_UTC}:UnifiedTreeCore.page_size",
+        f"{_UTC}:UnifiedTreeCore.page_size", f"{_UTC}:UnifiedTreeCore._node_arena",
+        f"{_UTC}:UnifiedTreeCore.get_component_device_value",
+        f"{_UTCI}:UnifiedTreeCoreInterface.collect_path_info", f"{_UTCI}:TreePathNodeInfo",
         f"{_URC}:UnifiedRadixCache.tree_core", f"{_URC}:UnifiedRadixCache.components",
         f"{_URC}:UnifiedRadixCache.is_swa_enabled", f"{_URC}:UnifiedRadixCache.disable",
-        "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.sliding_window_size",
-        "sglang.srt.mem_cache.unified_cache.components.base:ComponentType",
+        f"{_SWA}:SWAComponent.sliding_window_size",
+        f"{_COMP}.base:ComponentType",
         f"{_SB}:Req.lock", f"{_SB}:Req.last_node")),
     Hook("swa_thin", _TREE_CORES, "select_tree_core_backend", touches=(
-        "sglang.srt.mem_cache.unified_cache.components.base:ComponentType",)),
+        f"{_COMP}.base:ComponentType",
+        f"{_TREE_CORES}:register_tree_core_backend", f"{_TREE_CORES}:get_tree_core_factory",
+        f"{_TREE_CORES}:resolve_tree_core_backend", f"{_TREE_CORES}:create_tree_core",
+        f"{_URC}:UnifiedRadixCache.__init__",       # builds its core through create_tree_core
+        "sglang.srt.mem_cache.rust_tree_core.adapter:RustUnifiedTreeCore",
+        # thin's core (adapter/swa_thin/core.py): the engine methods it overrides ...
+        f"{_UTC}:UnifiedTreeCore.__init__", f"{_UTC}:UnifiedTreeCore.reset",
+        f"{_UTC}:UnifiedTreeCore._insert_walk_step", f"{_UTC}:UnifiedTreeCore._finish_insert_walk_node",
+        f"{_UTC}:UnifiedTreeCore._insert_commit_step", f"{_UTC}:UnifiedTreeCore._touch_node",
+        f"{_UTC}:UnifiedTreeCore._match_prefix_helper", f"{_UTC}:UnifiedTreeCore.inc_lock_ref",
+        f"{_UTC}:UnifiedTreeCore._release_components",
+        f"{_UTC}:UnifiedTreeCore._update_evictable_leaf_sets",
+        # ... the engine code whose behaviour its rewrites repeat (drift here changes the answer)
+        f"{_UTC}:UnifiedTreeCore.begin_insert", f"{_UTC}:UnifiedTreeCore._advance_insert",
+        f"{_UTC}:UnifiedTreeCore._insert_overlap_step", f"{_UTC}:UnifiedTreeCore._insert_tail_step",
+        f"{_UTC}:UnifiedTreeCore.match_prefix", f"{_UTC}:UnifiedTreeCore.dec_lock_ref",
+        f"{_UTC}:UnifiedTreeCore._is_device_leaf", f"{_UTC}:UnifiedTreeCore._is_host_leaf",
+        f"{_UTC}:UnifiedTreeNode.evicted", f"{_UTC}:_InsertPhase",
+        f"{_UTC}:_InsertWalkState.key", f"{_UTC}:_InsertWalkState.total_prefix_length",
+        f"{_UTC}:_InsertWalkState.value",
+        f"{_COMP}.full:FullComponent.acquire_component_lock",
+        f"{_COMP}.full:FullComponent.release_component_lock",
+        f"{_COMP}.base:TreeComponent.reclaimable_value_len", f"{_COMP}.base:TreeComponent.value_len",
+        f"{_SWA}:SWAComponent.refresh_lru", f"{_SWA}:SWAComponent.eviction_priority",
+        f"{_COMP}.base:get_and_increase_time_counter",
+        f"{_RADIX}:RadixKey.__init__", f"{_RADIX}:RadixKey.__len__", f"{_RADIX}:RadixKey.match_at",
+        f"{_RADIX}:RadixKey.child_key_at", f"{_RADIX}:RadixKey.__getitem__",
+        # ... and what it calls or reads privately
+        f"{_UTC}:UnifiedTreeCore._split_node", f"{_UTC}:UnifiedTreeCore._add_new_node",
+        f"{_UTC}:UnifiedTreeCore._unevict_node_on_insert",
+        f"{_UTC}:UnifiedTreeCore._inc_hit_count_and_check",
+        f"{_UTC}:UnifiedTreeCore._build_backup_kv_action",
+        f"{_UTC}:UnifiedTreeCore._create_match_validators",
+        f"{_UTC}:UnifiedTreeCore._match_post_processor",
+        f"{_UTC}:UnifiedTreeCore._pending_internal_evictions",
+        f"{_UTC}:UnifiedTreeCore.evictable_device_leaves", f"{_UTC}:UnifiedTreeCore.evictable_host_leaves",
+        f"{_UTC}:UnifiedTreeCore.component_evictable_size_",
+        f"{_UTC}:UnifiedTreeCore.component_protected_size_",
+        f"{_UTC}:UnifiedTreeCore.components_by_type", f"{_UTC}:UnifiedTreeCore.components",
+        f"{_UTC}:UnifiedTreeCore.is_eagle",
+        f"{_UTC}:UnifiedTreeCore.enable_hicache",
+        f"{_UTC}:UnifiedLRUList._remove_node", f"{_UTC}:UnifiedLRUList._add_node_after",
+        f"{_COMP}.base:TreeComponent.__init__",     # sets is_evict_device_ongoing
+        f"{_COMP}.base:TreeComponent.evict_device_start",
+        "sglang.srt.mem_cache.base_prefix_cache:IncLockRefResult")),
     # swa_cone: re-match on full KV and plan a one-chunk replay in the PrefillAdder path; the
     # first pass copies the resident latents / index keys, masks the replay rows' writes, floors
     # their window (forward side, DSV4 attention backend).
