@@ -133,7 +133,7 @@ def _table(r: dict) -> None:
     _print_table(head, body)
     print()
     for c in r["negative_controls"]:
-        print(f"  {c['name']}: disables {c['disables']}")
+        print(f"  {c['name']}: {c['disables']}")
         for key in ("overwrote", "rows_ge_F_max_abs_diff", "evicted_slot_reads",
                     "rows_reading_evicted"):
             if key in c:

@@ -146,6 +146,10 @@ class _IndexerInputs:
 # ---- one world: the engine's backend + pool on CPU ---------------------------------------------
 
 class World:
+    """One backend + pool: the engine kit's MockDSV4ModelRunner (server args published with
+    attention backend dsv4), a DeepSeekV4TokenToKVPool sized for the harness, the backend built
+    by the engine's `dsv4` registry entry."""
+
     def __init__(self, stack: Stack, *, full_pages: int, swa_pages: int, req_slots: int = 4):
         from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
         from sglang.srt.layers.radix_attention import RadixAttention
@@ -223,7 +227,8 @@ class World:
 
     def latent_buffer(self, layer_id: int):
         item = self.pool.layer_mapping[layer_id]
-        return item.compress_kv_pool.kv_buffer[item.compress_layer_id], item.compress_kv_pool.page_size
+        kv = item.compress_kv_pool
+        return kv.kv_buffer[item.compress_layer_id], kv.page_size
 
     def index_buffer(self, layer_id: int):
         item = self.pool.layer_mapping[layer_id]
@@ -309,8 +314,9 @@ class World:
 
 
 def _mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """The stack's projections: bf16 operands multiplied in float64 and rounded to bf16 (fast
-    on CPU, and a row's result does not depend on how many rows share the batch)."""
+    """The stack's projections: bf16 operands multiplied in float64 and rounded to bf16: fast on
+    CPU, and a row's bf16 result does not move with the batch's row count (float32 GEMM here
+    does, by a few ulps)."""
     return (x.double() @ w.double()).to(torch.bfloat16)
 
 
@@ -337,16 +343,16 @@ def _index_rows(buf: torch.Tensor, slots: torch.Tensor, page_size: int) -> torch
 def request_view(world: World, slot: int, *, swa_from: int, groups_from: int, end: int) -> dict:
     """What a request at length `end` reads, by logical position: SWA rows [swa_from, end) per
     layer, latents of every c4 / c128 group and index keys of every c4 group in [groups_from,
-    end), as bytes (keyed "kind layer: first position")."""
+    end), as bytes: {(kind, layer): (positions (a group's first), bytes per position)}."""
     out = {}
     full = world.req_to_token[slot].to(torch.int64)
+    swa_page = world.pool.swa_kv_pool.page_size
     for layer_id, ratio in enumerate(RATIOS):
         pos = torch.arange(swa_from, end)
         out[("swa", layer_id)] = (pos, _v4_rows(world.swa_buffer(layer_id),
-                                                world.mapping[full[pos]], world.pool.swa_kv_pool.page_size))
+                                                world.mapping[full[pos]], swa_page))
         if ratio:
-            first = torch.arange(groups_from, end - ratio + 1, ratio)
-            first = first[(first % ratio) == 0]
+            first = torch.arange(-(-groups_from // ratio) * ratio, end - ratio + 1, ratio)
             buf, page = world.latent_buffer(layer_id)
             out[("latent", layer_id)] = (first, _v4_rows(buf, full[first] // ratio, page))
             if ratio == 4:
@@ -514,11 +520,14 @@ class Harness:
         evicted[freed] = True
         if overwrite:
             g = torch.Generator().manual_seed(NOISE_SEED)
-            slots = torch.nonzero(evicted).flatten()
+            page_size = world.pool.swa_kv_pool.page_size
+            pages = torch.unique(torch.nonzero(evicted).flatten() // page_size)
             for layer_id in range(len(RATIOS)):
-                store_k(world.swa_buffer(layer_id), slots,
-                        torch.randn(slots.numel(), DIM, generator=g) * 1e3,
-                        world.pool.swa_kv_pool.page_size)
+                buf = world.swa_buffer(layer_id)
+                # One page of noise rows, written with the kit's setter, copied to every page.
+                store_k(buf, torch.arange(page_size),
+                        torch.randn(page_size, DIM, generator=g) * 1e3, page_size)
+                buf[pages] = buf[0].clone()
         return evicted
 
     # -- runs -------------------------------------------------------------------------------
@@ -608,7 +617,7 @@ class Harness:
             raise AssertionError("cone did not copy")
         view = request_view(w, self.REQ_SLOT, swa_from=case.F - WINDOW, groups_from=case.s,
                             end=case.L)
-        # Audit of every layer: count each (row, slot) read once per layer.
+        # The audit counts each (row, slot) read once per layer.
         return Run(ext, view, dec, reads["n"], sorted(reads["rows"]))
 
     @staticmethod
@@ -663,23 +672,24 @@ CONE_CASE = Case("N=256 inside the stack's cone", s=1792, F=2048, L=2049, chunk=
                  note="copy, mask and floor on; N below 3 x 127")
 
 CONTROLS = {
-    "no copy": "swa_cone_copy.copy_resident skipped in Cone.apply (the "
+    "no copy": "skips swa_cone_copy.copy_resident in Cone.apply (run by the "
                "DeepseekV4AttnBackend._build_forward_metadata hook): the replay rows' fresh "
                "pages keep their stale latents / index keys",
-    "no write mask": "swa_cone_copy.keep_rows -> None: Cone.apply leaves "
-                     "ForwardBatch.encoder_swa_compress_rows unset (the _build_forward_metadata "
-                     "hook), so the engine's _compressor_out_loc keeps the replay rows' own "
+    "no write mask": "swa_cone_copy.keep_rows returns None, so Cone.apply (the "
+                     "_build_forward_metadata hook) leaves ForwardBatch.encoder_swa_compress_rows "
+                     "unset and the engine's _compressor_out_loc keeps the replay rows' own "
                      "c4 / c128 / index-key out locs",
-    "no window floor": "swa_cone_copy.row_floor -> None: neither encoder_swa_row_floor (the "
+    "no window floor": "swa_cone_copy.row_floor returns None: neither encoder_swa_row_floor (the "
                        "_build_forward_metadata hook) nor swa_replay_start (the "
                        "init_forward_metadata_prefill hook) is set",
-    "evicted slots left with their old contents": "harness step: after eviction (mapping "
-                                                   "cleared to the padding slot) the freed SWA "
-                                                   "pages and the padding page are not "
-                                                   "overwritten; window floor off as above",
-    "N inside the exact cone": "nothing disabled; N = 256 is below the stack's cone (3 SWA "
-                               "layers x 127): the rebuilt window [F-128, F) is computed from "
-                               "floored rows",
+    "evicted slots left with their old contents": "harness step skipped: after eviction "
+                                                   "(mapping cleared to the padding slot, as the "
+                                                   "engine does) the freed SWA pages and the "
+                                                   "padding page keep their contents; the window "
+                                                   "floor is off as in the control above",
+    "N inside the exact cone": "switches nothing off: N = 256 is below the stack's cone (3 SWA "
+                               "layers x 127 rows), so the rebuilt window [F-128, F) comes from "
+                               "rows the floor still reaches",
 }
 
 
@@ -698,7 +708,7 @@ def run_control(h: Harness, name: str, ok: dict, tolerance: float, *,
         c = h.compare(case, ok["H"], r)
         diff = c.worst
         overwritten = [v for v in c.differing_views if not v.startswith("swa")]
-        extra = {"overwrote": _resident_rows(overwritten, case), "views": c.differing_views}
+        extra = {"overwrote": _resident_rows(overwritten), "views": c.differing_views}
         metric = "rows >= F (outputs, decode) vs H"
     elif name in ("no window floor", "evicted slots left with their old contents"):
         overwrite = name == "no window floor"
@@ -725,7 +735,7 @@ def run_control(h: Harness, name: str, ok: dict, tolerance: float, *,
             "seconds": round(time.process_time() - t0, 1), **extra}
 
 
-def _resident_rows(views: list, case: Case) -> str:
+def _resident_rows(views: list) -> str:
     return "; ".join(v.replace(" at positions", " of resident rows") for v in views) or "none"
 
 

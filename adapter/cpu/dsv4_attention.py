@@ -14,7 +14,8 @@ import os
 
 import torch
 
-# Read by the engine at import time (flash_mla_sm120 reads its backend once): set before import.
+# The torch paths of the GB10 route (cpu_route() also sets them in-process, whatever the
+# environment said when the engine's modules were imported).
 ENVIRON = {"SGLANG_SM120_FLASHMLA_BACKEND": "torch", "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH": "1"}
 
 FP8 = torch.float8_e4m3fn
@@ -34,11 +35,6 @@ def prepare() -> None:
 
     cpu_engine.install_torchvision_shim()
     cpu_engine.install_sgl_kernel_stand_in()
-    from sglang.kernels.ops.attention import flash_mla_sm120
-
-    if flash_mla_sm120._sm120_default_backend != "torch":
-        raise RuntimeError("flash_mla_sm120 was imported before prepare(): its backend is "
-                           f"{flash_mla_sm120._sm120_default_backend!r}, not 'torch'")
 
 
 def init_compression_metadata_torch(seq_lens, positions, raw_out_loc, page_table=None,
@@ -122,17 +118,26 @@ def store_index_k(buf: torch.Tensor, loc: torch.Tensor, k: torch.Tensor, page_si
 
 @contextlib.contextmanager
 def cpu_route():
-    """The GB10 dispatch (`is_sm120`) with the Triton / CUDA-JIT metadata pieces replaced."""
+    """The GB10 dispatch (`is_sm120`), the torch attention and indexer-logits paths, and the
+    Triton / CUDA-JIT metadata pieces replaced; everything restored on exit."""
+    from sglang.kernels.ops.attention import flash_mla_sm120
+    from sglang.srt.environ import envs
     from sglang.srt.layers.attention import deepseek_v4_backend as backend_module
     from sglang.srt.runtime_context import override_platform
 
-    saved = {name: getattr(backend_module, name) for name in
-             ("_init_compression_metadata_triton", "create_paged_compressor_data")}
-    backend_module._init_compression_metadata_triton = init_compression_metadata_torch
-    backend_module.create_paged_compressor_data = create_paged_compressor_data_stand_in
+    patches = [(backend_module, "_init_compression_metadata_triton",
+                init_compression_metadata_torch),
+               (backend_module, "create_paged_compressor_data",
+                create_paged_compressor_data_stand_in),
+               # Read once at import from SGLANG_SM120_FLASHMLA_BACKEND; set it for this route.
+               (flash_mla_sm120, "_sm120_default_backend", "torch")]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    for owner, name, value in patches:
+        setattr(owner, name, value)
     try:
-        with override_platform(is_sm120=True):
+        with (override_platform(is_sm120=True),
+              envs.SGLANG_FP8_PAGED_MQA_LOGITS_TORCH.override(True)):
             yield
     finally:
-        for name, value in saved.items():
-            setattr(backend_module, name, value)
+        for owner, name, value in saved:
+            setattr(owner, name, value)
