@@ -22,9 +22,9 @@ Forward side (model worker, same process):
   s (request-window and late-layer-tail paths), and
 - DeepseekV4AttnBackend.init_forward_metadata_prefill gets the same floor as `swa_replay_start`
   (paged SWA path).
-Cone plans only where that forward side will run (`forward_side()`: the dsv4 prefill backend on
-CUDA, from the published server arguments); anywhere else a lost resume point gets the fallback
-line and the stock match. Every decision reads replicated state only (server arguments, tree,
+Cone plans only where that forward side will run (`forward_side()`: the dsv4 prefill backend off
+HIP and NPU, from the published server arguments); anywhere else a lost resume point gets the
+fallback line and the stock match. Every decision reads replicated state only (server arguments, tree,
 request, budgets): all TP ranks plan alike. DSV41_SWA_CONE_TEST=1 (test only) re-reads each copy and checks it byte for byte.
 """
 from __future__ import annotations
@@ -281,8 +281,8 @@ def forward_side() -> Optional[str]:
 
     The replay is correct only if DeepseekV4AttnBackend (or a subclass) runs the prefill: its
     metadata hooks copy the resident latents, mask the replay rows' writes and floor their window.
-    The engine builds that class for the `dsv4` backend on CUDA only (attention_registry: HIP and
-    NPU get classes of their own). Read from the published server arguments and the platform,
+    The engine builds that class for the `dsv4` backend everywhere but HIP and NPU (CUDA and CPU
+    alike; attention_registry: HIP and NPU get classes of their own, without these hooks). Read from the published server arguments and the platform,
     which every TP rank has alike: no rank decides differently.
     """
     from sglang.srt.layers.attention import attention_registry

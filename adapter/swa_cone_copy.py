@@ -15,10 +15,13 @@ no SWA window at F. Its first pass carries N = F - s "replay rows" in front of t
   so the copied bytes stay as they are.
 - row_floor(): each row's sliding-window floor (s for the rows of a replaying request, 0 for the
   others), in the engine's `swa_replay_start` / `encoder_swa_row_floor` form: a row never reads a
-  window slot below s (those SWA slots were evicted; their mapping is stale).
+  window slot below s (those SWA slots were evicted; the allocator cleared their mapping to the
+  padding slot).
 
 Rows >= F then compute what a prefix hit at F computes: their full-attention reads see the
-resident latents, their window sees the replayed [F-128, F).
+resident latents, their window sees the replayed [F-128, F) (bit-equal inside the engine's
+backend: bench/cone_forward.py). The floor keeps the replay rows' own reads inside the request;
+rows >= F depend on it only through the model's cone, which N covers.
 """
 from __future__ import annotations
 
