@@ -48,7 +48,7 @@ ENGINE_MODULE = "sglang.kernels.ops.attention.flash_mla_sm120"
 ENTRY = "flash_mla_with_kvcache_sm120"
 
 __all__ = [
-    "NAME", "KEY", "ENGINE_MODULE", "ENTRY", "ROUTER", "install",
+    "NAME", "KEY", "COUNTERS", "ENGINE_MODULE", "ENTRY", "ROUTER", "install",
     # layout
     "D_QK", "D_V", "DATA_BYTES", "DECODE_MAX_TOKENS", "FLASHINFER_HEAD_SPECIALISATIONS",
     "HEAD_KERNELS", "MANIFEST_SCHEMA", "MAX_HEADS", "MODULE_TAG", "PAGE_STRIDE", "PAGE_TOKENS",
