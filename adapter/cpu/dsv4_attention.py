@@ -10,13 +10,8 @@ replaced below, one function each, with what production runs instead named in it
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch
-
-# The torch paths of the GB10 route (cpu_route() also sets them in-process, whatever the
-# environment said when the engine's modules were imported).
-ENVIRON = {"SGLANG_SM120_FLASHMLA_BACKEND": "torch", "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH": "1"}
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -25,16 +20,11 @@ INDEX_DIM = 128
 
 
 def prepare() -> None:
-    """Environment and import stand-ins for the engine's DSV4 attention on CPU (call first)."""
-    for key, value in ENVIRON.items():
-        current = os.environ.get(key)
-        if current is not None and current != value:
-            raise RuntimeError(f"{key}={current} is set; the CPU route needs {key}={value}")
-        os.environ[key] = value
+    """The import stand-in the engine's DSV4 attention modules need on CPU (call first): the
+    torchvision shim (no sgl_kernel stand-in is needed on this route)."""
     from adapter.cpu import cpu_engine
 
     cpu_engine.install_torchvision_shim()
-    cpu_engine.install_sgl_kernel_stand_in()
 
 
 def init_compression_metadata_torch(seq_lens, positions, raw_out_loc, page_table=None,
@@ -118,8 +108,10 @@ def store_index_k(buf: torch.Tensor, loc: torch.Tensor, k: torch.Tensor, page_si
 
 @contextlib.contextmanager
 def cpu_route():
-    """The GB10 dispatch (`is_sm120`), the torch attention and indexer-logits paths, and the
-    Triton / CUDA-JIT metadata pieces replaced; everything restored on exit."""
+    """The GB10 dispatch (`is_sm120`), the torch attention and indexer-logits paths
+    (SGLANG_SM120_FLASHMLA_BACKEND=torch, SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1, set in-process so
+    the environment and other tests keep theirs), and the Triton / CUDA-JIT metadata pieces
+    replaced; everything restored on exit."""
     from sglang.kernels.ops.attention import flash_mla_sm120
     from sglang.srt.environ import envs
     from sglang.srt.layers.attention import deepseek_v4_backend as backend_module
@@ -129,7 +121,7 @@ def cpu_route():
                 init_compression_metadata_torch),
                (backend_module, "create_paged_compressor_data",
                 create_paged_compressor_data_stand_in),
-               # Read once at import from SGLANG_SM120_FLASHMLA_BACKEND; set it for this route.
+               # SGLANG_SM120_FLASHMLA_BACKEND, read once when the module imports.
                (flash_mla_sm120, "_sm120_default_backend", "torch")]
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     for owner, name, value in patches:
