@@ -5,6 +5,18 @@ runs the canary's traffic through it (adapter/tools/canary.py), stops it (whole 
 and caches the result; every test that needs that configuration reads the cached run. The canary
 test passes `boots.run` to `dsv41 canary`, so its control and production boots are shared too.
 
+Boots that can show something another boot shows too are not made (issue 26): swan alone
+(torch_native never calls the SM120 entry), swa_thin / swa_cone alone on the dense model (both
+decline at once), decode_yield alone and swa_cone alone on the hybrid-SWA model (the production
+boot shows them: the yield lines, cone's decline). Some boots carry more than the canary traffic:
+- the production line boots with --enable-metrics; /metrics is scraped after the traffic
+  (tests/e2e/test_e2e_metrics.py reads it; the canary report is the same with or without it);
+- swa_thin on the hybrid-SWA model boots without the flag but with a PROMETHEUS_MULTIPROC_DIR of
+  the session's own (metrics off: nothing exported, imported or written);
+- decode_yield on the dense model also runs the calibration traffic
+  (tests/e2e/test_e2e_calibrate.py fits its scheduler log).
+Every process of every boot reports who imports prometheus_client (DSV41CPU_WATCH_IMPORTS).
+
 Configurations come from the production profile (.env.tp4.example): stock = no DSV41 keys with
 the control line's CPU launch args; "each adapter on" = that adapter's keys from the production
 line with the production line's CPU launch args; production = the whole line.
@@ -39,17 +51,46 @@ def adapter_keys(adapter: str) -> dict:
 CONFIGS = {   # name -> (keys, args)
     "stock": ({}, CTRL_ARGS),
     "production": (PROD_KEYS, PROD_ARGS),
-    **{a: (adapter_keys(a), PROD_ARGS) for a in ("swan", "decode_yield", "swa_thin", "swa_cone")},
+    **{a: (adapter_keys(a), PROD_ARGS) for a in ("decode_yield", "swa_thin", "swa_cone")},
     # autotune_keep alone is the control line (its only key): shared with the canary's control.
     "autotune_keep": (CTRL_KEYS, CTRL_ARGS),
     "yield50": ({"DSV41_DECODE_YIELD": "50"}, PROD_ARGS),
 }
+# Which adapter-alone configurations each model boots (T=0 equality with stock and the effects).
+ALONE = {"dense": ("decode_yield", "autotune_keep", "yield50"),
+         "swa": ("swa_thin", "autotune_keep")}
+WATCH = "prometheus_client"
+
+
+def _scrape(server) -> dict:
+    import requests
+
+    resp = requests.get(server.url + "/metrics", timeout=30)
+    (server.log_dir / "metrics.txt").write_text(resp.text)       # beside the process logs
+    return {"metrics_status": resp.status_code, "metrics_text": resp.text}
 
 
 class Boots:
-    def __init__(self):
+    def __init__(self, tmp_dir=None):
         self.runs = {}
         self.boots = {}
+        self.tmp_dir = tmp_dir
+
+    def _extras(self, model, keys, args):
+        """(args, extra_env, on_server, scenarios) this session adds to a configuration."""
+        env, on_server, add = {"DSV41CPU_WATCH_IMPORTS": WATCH}, None, ()
+        if keys == PROD_KEYS:
+            args, on_server = dict(args, **{"--enable-metrics": ""}), _scrape
+        elif model == "swa" and keys == adapter_keys("swa_thin") and self.tmp_dir is not None:
+            prom = self.tmp_dir / "prometheus-multiproc-swa-thin"
+            prom.mkdir(parents=True, exist_ok=True)
+            env["PROMETHEUS_MULTIPROC_DIR"] = str(prom)
+
+            def on_server(server, prom=prom):
+                return dict(_scrape(server), prometheus_dir=str(prom))
+        elif model == "dense" and keys == adapter_keys("decode_yield"):
+            add = ("calibration",)
+        return args, env, on_server, add
 
     def run(self, model, keys, args, progress=None, name="", scenarios=None):
         key = canary.config_key(model, keys, args)
@@ -58,12 +99,16 @@ class Boots:
                 # Stream cadence only where decode yield is on or for the baselines it is read against.
                 cadence = (not keys or keys == CTRL_KEYS or "DSV41_DECODE_YIELD" in keys)
                 scenarios = ("equality", "window", "idle") + (("cadence",) if cadence else ())
+            run_args, env, on_server, add = self._extras(model, keys, args)
             self.boots[key] = self.boots.get(key, 0) + 1
-            self.runs[key] = canary.run_config(model, keys, args, scenarios=scenarios,
-                                               progress=progress or _progress, name=name or model)
+            self.runs[key] = canary.run_config(model, keys, run_args, scenarios=tuple(scenarios) + add,
+                                               progress=progress or _progress, name=name or model,
+                                               extra_env=env, on_server=on_server)
         return self.runs[key]
 
     def config(self, model, name):
+        assert name in ("stock", "production") or name in ALONE[model], \
+            f"{model} {name}: not booted in this session (tests/e2e/e2e_configs.py ALONE)"
         keys, args = CONFIGS[name]
         return self.run(model, keys, args, name=f"{model} {name}")
 

@@ -1,26 +1,64 @@
-"""What each adapter does in a real server, measured from the client (HTTP API only)."""
-import pytest
+"""What each adapter does in a real server: from the client (HTTP API) and the receipts."""
+import re
 
-from adapter.tools import traffic
+from adapter.tools import canary, traffic
+
+YIELD_LINE = re.compile(r"\[dsv41\] decode_yield rid=\S+ left chunked prefill: (\d+) chunks yielded, "
+                        r"(\d+) decode steps planned, (\d+) run, (\d+) ended early")
+PREFILL_LINE = re.compile(r"Prefill batch.*#new-token: (?P<new>\d+),.*#pending-token: (?P<pending>\d+)")
+CHUNK = 4096                                # dense: --chunked-prefill-size (canary.MODEL_ARGS)
+PREFILL = canary.CADENCE_PREFILL["dense"]   # the cadence prompt: 24,576 tokens
 
 
-def test_decode_yield_stream_cadence_stock_lt_33_lt_50(boots, record_property):
-    """Running streams' token rate during a 24,576-token prefill in 4,096-token chunks, over
-    their rate before it. Stock runs one decode step between chunks (--prefill-decode-interval 1);
-    share 33 / 50 plan more. The achieved share is far below the configured one here: the cost
-    model's constants are the cluster's (a CPU chunk is cheap next to its modelled cost)."""
-    stock = boots.config("dense", "stock").cadence
-    y33 = boots.config("dense", "decode_yield").cadence
-    y50 = boots.config("dense", "yield50").cadence
-    for c in (stock, y33, y50):
-        assert c["long_prompt_completed"], c
-        assert c["rate_before_tok_s"] > 0, c
-    record_property("cadence", {"stock": stock, "share33": y33, "share50": y50})
-    print(f"\ncadence stock {stock['cadence']} share33 {y33['cadence']} share50 {y50['cadence']} "
-          f"(prefill {stock['prefill_s']}s / {y33['prefill_s']}s / {y50['prefill_s']}s)")
-    assert stock["cadence"] < y33["cadence"] < y50["cadence"], (stock, y33, y50)
-    run = boots.config("dense", "decode_yield")
-    assert any("chunks yielded" in ln for ln in run.dsv41_lines("decode_yield", "sglang::scheduler"))
+def _yield_receipts(run):
+    """(chunks yielded, steps planned, steps run, ended early) per prompt that yielded."""
+    return [tuple(map(int, m.groups())) for ln in run.dsv41_lines("decode_yield", "sglang::scheduler")
+            for m in [YIELD_LINE.search(ln)] if m]
+
+
+def _chunks_of_the_long_prompt(run):
+    """The cadence prompt's chunks from the scheduler's `Prefill batch` lines: the chain whose
+    #pending-token starts at PREFILL - CHUNK and falls by #new-token each chunk."""
+    lines = [(int(m.group("new")), int(m.group("pending"))) for ln in run.lines("sglang::scheduler")
+             for m in [PREFILL_LINE.search(ln)] if m]
+    for i, (new, pending) in enumerate(lines):
+        if new == CHUNK and pending == PREFILL - CHUNK:
+            chain = [new]
+            for new_next, pending_next in lines[i + 1:]:
+                if pending_next != pending - new_next:
+                    break
+                chain.append(new_next)
+                pending = pending_next
+            return chain
+    return []
+
+
+def test_decode_yield_plans_more_steps_for_a_larger_share(boots, record_property):
+    """A 24,576-token prefill in 4,096-token chunks beside two streams. What is deterministic here
+    is asserted: the chunk boundaries, which chunks yielded, the steps planned by the integer cost
+    model (replicated state only: no clock) and that every planned step ran. The streams' rate
+    (cadence) is printed, not ordered: on 2 shared cores it swings 2x between boots, and time
+    ratios belong to benchmarks (bench/, `dsv41 canary`)."""
+    stock = boots.config("dense", "stock")
+    y33, y50 = boots.config("dense", "decode_yield"), boots.config("dense", "yield50")
+    for run in (stock, y33, y50):
+        assert run.cadence["long_prompt_completed"], run.cadence
+    record_property("cadence", {"stock": stock.cadence, "share33": y33.cadence, "share50": y50.cadence})
+    print(f"\ncadence (printed, not compared) stock {stock.cadence['cadence']} share33 "
+          f"{y33.cadence['cadence']} share50 {y50.cadence['cadence']}")
+    assert not stock.dsv41_lines("decode_yield")                 # stock: not installed, no yield
+    r33, r50 = _yield_receipts(y33), _yield_receipts(y50)
+    assert r33 and r50, (r33, r50)
+    long33, long50 = max(r33), max(r50)                           # the cadence prompt: most chunks
+    boundaries = _chunks_of_the_long_prompt(y33)
+    assert boundaries == _chunks_of_the_long_prompt(y50) == _chunks_of_the_long_prompt(stock)
+    assert sum(boundaries) == PREFILL and all(c == CHUNK for c in boundaries[:-1]), boundaries
+    chunks = len(boundaries)
+    assert long33[0] == long50[0] == chunks - 1                   # every non-final chunk yielded
+    assert long33[0] <= long33[1] <= 128 * long33[0]              # >= interval 1, <= 128 per chunk
+    assert long50[1] > long33[1], (long33, long50)                # share 50 plans more than 33
+    for chunks_, planned, ran, early in (long33, long50):
+        assert ran + early <= planned and ran > 0
 
 
 def test_swa_thin_keeps_an_idle_sessions_resume_point(boots):
@@ -40,12 +78,12 @@ def test_swa_thin_keeps_an_idle_sessions_resume_point(boots):
     assert cmp.ok, cmp
 
 
-@pytest.mark.parametrize("config", ["swa_cone", "production"])
-def test_cone_on_the_swa_model_declines_and_changes_no_output(boots, config):
+def test_cone_on_the_swa_model_declines_and_changes_no_output(boots):
     """Issue 16: a lost sliding window with the full KV resident, on torch_native (not DSV4).
-    Cone must not plan (its forward side does not run here): fallback line, stock outputs."""
+    Cone must not plan (its forward side does not run here): fallback line, stock outputs.
+    The production line carries cone (no separate cone-alone boot: it declines the same way)."""
     stock = boots.config("swa", "stock").window
-    run = boots.config("swa", config)
+    run = boots.config("swa", "production")
     cone = run.window
     assert stock["resume"].cached_tokens == 0          # the scenario does lose the resume point
     assert cone["resume"].cached_tokens == stock["resume"].cached_tokens

@@ -9,18 +9,15 @@ must not turn exporting on). Every process of each server reports who imports pr
 import collections
 import dataclasses
 import json
+import pathlib
 import re
-import time
 
 import pytest
-import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from adapter import __version__, metrics
-from adapter.cpu.server import CpuServer
 from adapter.table import ADAPTERS
-from adapter.tools import canary, traffic
-from e2e.e2e_configs import PROD_ARGS, PROD_KEYS, REPO_ROOT
+from e2e.e2e_configs import REPO_ROOT
 
 WATCH = "prometheus_client"
 YIELD_LINE = re.compile(r"\[dsv41\] decode_yield rid=\S+ left chunked prefill: (\d+) chunks yielded, "
@@ -60,56 +57,28 @@ def _parse(text):
     return out
 
 
-def _boot(model, drive, enable_metrics=True, extra_env=None):
-    args = dict(canary.MODEL_ARGS[model])
-    args.update(PROD_ARGS)
-    if enable_metrics:
-        args["--enable-metrics"] = ""
-    env = {"DSV41CPU_WATCH_IMPORTS": WATCH, **(extra_env or {})}
-    server = CpuServer(model, keys=PROD_KEYS, args=args, extra_env=env,
-                       name=f"metrics-{model}-{'on' if enable_metrics else 'off'}")
-    began = time.monotonic()
-    try:
-        server.start()
-        drive(server)
-        time.sleep(0.5)     # nothing is in flight; let the scheduler finish its step
-        resp = requests.get(server.url + "/metrics", timeout=30)
-        status, text = resp.status_code, resp.text
-        (server.log_dir / "metrics.txt").write_text(text)   # kept beside the process logs
-    finally:
-        server.stop()
-    return Scraped(model, status, text, _parse(text) if status == 200 else {}, server.process_logs(),
-                   round(server.boot_s, 1), round(time.monotonic() - began, 1))
-
-
-def _dense_traffic(server):
-    traffic.yield_cadence(server, 12288)         # two streams beside a 3-chunk prefill
-
-
-def _swa_traffic(server):
-    traffic.equality_run(server, 1024)           # chunked prompts beside others, resumes: yield, cone
-    server.flush_cache()
-    traffic.window_resume(server)                # a lost SWA window: cone's candidate path
-    server.flush_cache()
-    traffic.idle_session_resume(server)          # sub-agent turns: thin moves passed checkpoints
+def _scraped(run) -> Scraped:
+    """A session boot (canary.ConfigRun) with its /metrics scrape (run.extras)."""
+    assert not run.errors, run.errors
+    status, text = run.extras["metrics_status"], run.extras["metrics_text"]
+    return Scraped(run.model, status, text, _parse(text) if status == 200 else {}, run.logs,
+                   run.boot_s, 0.0)
 
 
 @pytest.fixture(scope="module")
-def dense():
-    return _boot("dense", _dense_traffic)
+def dense(boots):
+    return _scraped(boots.config("dense", "production"))
 
 
 @pytest.fixture(scope="module")
-def swa():
-    return _boot("swa", _swa_traffic)
+def swa(boots):
+    return _scraped(boots.config("swa", "production"))
 
 
 @pytest.fixture(scope="module")
-def swa_off(tmp_path_factory):
-    prom_dir = tmp_path_factory.mktemp("prometheus-multiproc")
-    run = _boot("swa", _swa_traffic, enable_metrics=False,
-                extra_env={"PROMETHEUS_MULTIPROC_DIR": str(prom_dir)})
-    return run, prom_dir
+def swa_off(boots):
+    run = boots.config("swa", "swa_thin")
+    return _scraped(run), pathlib.Path(run.extras["prometheus_dir"])
 
 
 def _check_against_receipts(run: Scraped):
@@ -200,9 +169,8 @@ def test_engine_series_and_ours_share_the_one_endpoint(dense):
 def test_metrics_off_no_series_no_import_nothing_written(swa_off):
     run, prom_dir = swa_off
     lines = run.all_lines()
-    # the adapters did act and count (receipts) in this boot
-    assert any("[dsv41] swa_thin tree core: python instead of rust" in ln for ln in lines)
-    assert any("[dsv41] swa_cone fallback:" in ln or "[dsv41] decode_yield rid=" in ln for ln in lines)
+    # the adapter did act and count (receipts) in this boot: thin switched the core, moved nodes
+    assert any("[dsv41] swa_thin tree core: " in ln for ln in lines)
     assert not any("[dsv41] metrics " in ln for ln in lines)
     assert "dsv41_" not in run.text                      # the engine serves no /metrics at all
     assert run.status == 404, (run.status, run.text[:300])
