@@ -54,6 +54,9 @@ KEYS: tuple[Key, ...] = (
         doc="test-only switch of cone replay; in no profile"),
     Key("DSV41_AUTOTUNE_KEEP", "flag", "autotune_keep", enables=True, default=0,
         doc="ranks agree on the autotune cache; a launch sidecar drops stale caches"),
+    Key("DSV41_INPUT_GUARD", "flag", "input_guard", enables=True, default=0,
+        doc="token ids outside the vocabulary get HTTP 400 in the tokenizer manager instead of "
+            "reaching the scheduler"),
 )
 
 KEY_BY_NAME = {k.name: k for k in KEYS}

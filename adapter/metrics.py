@@ -68,6 +68,10 @@ SERIES = {
     "dsv41_autotune_keep_dropped": ("Caches dropped because another rank could not load its own",
                                     ("reason",)),
     "dsv41_autotune_keep_sealed": ("Launch sidecars sealed after the engine saved its cache", ()),
+    "dsv41_input_guard_checked": ("Requests whose token ids the tokenizer manager range-checked", ()),
+    "dsv41_input_guard_rejected": ("Requests answered 400 because a token id (or top_logprobs_num) "
+                                   "is outside the vocabulary, by what was out of range",
+                                   ("reason",)),
 }
 INSTALLED = "dsv41_adapter_installed"
 INSTALLED_HELP = "1 when the dsv41 adapter is installed in this engine, 0 when its key is unset"
@@ -105,6 +109,10 @@ KEYS = {
         "dropped:": "dsv41_autotune_keep_dropped",
         "sealed": ("dsv41_autotune_keep_sealed", ()),
     },
+    "input_guard": {
+        "checked": ("dsv41_input_guard_checked", ()),
+        "rejected:": "dsv41_input_guard_rejected",
+    },
 }
 # Keys with a label value that are created at 0 too (every plain key of an installed adapter is).
 ZERO_KEYS = {
@@ -113,6 +121,7 @@ ZERO_KEYS = {
     "autotune_keep": ("tune:no-cache", "dropped:peer", "deleted:corrupt", "deleted:no-sidecar",
                       "deleted:sidecar-corrupt", "deleted:launch", "deleted:sealed-mismatch",
                       "deleted:stamp"),
+    "input_guard": ("rejected:input_ids", "rejected:stop_token_ids", "rejected:top_logprobs_num"),
 }
 
 _state: bool | None = None      # None: not settled yet; True: exporting; False: off

@@ -50,6 +50,8 @@ _UTCI = "sglang.srt.mem_cache.unified_cache.unified_tree_core_interface"
 _COMP = "sglang.srt.mem_cache.unified_cache.components"
 _SWA = "sglang.srt.mem_cache.unified_cache.components.swa"
 _RADIX = "sglang.srt.mem_cache.radix_cache"
+_TM = "sglang.srt.managers.tokenizer_manager"
+_IO = "sglang.srt.managers.io_struct"
 
 HOOKS: tuple[Hook, ...] = (
     # swan: SM12x sparse decode reads 256-token SWA pages in place (the SM12x decode entry;
@@ -173,6 +175,19 @@ HOOKS: tuple[Hook, ...] = (
     Hook("autotune_keep", _AUTOTUNE, "flashinfer_autotune_context", touches=(
         f"{_AUTOTUNE}:_autotune_tactic_sync_group", f"{_AUTOTUNE}:flashinfer_autotune_cache_path",
         f"{_AUTOTUNE}:get_parallel", f"{_AUTOTUNE}:envs")),
+    # input_guard: range-check the prompt's token ids (and the other ids that index a
+    # vocabulary-sized tensor) in the tokenizer manager, on the int64 array the engine builds
+    # after its own validation (_validate_one_request); both the single and the batch path.
+    Hook("input_guard", _TM, "TokenizerManager._create_tokenized_object", touches=(
+        f"{_TM}:TokenizerManager.model_config",
+        "sglang.srt.configs.model_config:ModelConfig.vocab_size",
+        f"{_IO}:TokenizedGenerateReqInput.input_ids", f"{_IO}:TokenizedGenerateReqInput.mm_inputs",
+        f"{_IO}:TokenizedGenerateReqInput.input_embeds",
+        f"{_IO}:TokenizedGenerateReqInput.sampling_params",
+        f"{_IO}:TokenizedGenerateReqInput.top_logprobs_num",
+        f"{_IO}:TokenizedEmbeddingReqInput.input_ids", f"{_IO}:TokenizedEmbeddingReqInput.mm_inputs",
+        f"{_IO}:TokenizedEmbeddingReqInput.sampling_params",
+        "sglang.srt.sampling.sampling_params:SamplingParams.stop_token_ids")),
 )
 
 # What the installer and the metrics exporter touch themselves (checked with every adapter's
@@ -196,7 +211,9 @@ INFRA_TOUCHES: dict[str, tuple[str, ...]] = {
 }
 
 # The process role whose engine publish() settles an adapter's counters (adapter/metrics.py).
-COUNTING_ROLE: dict[str, str] = {}      # default "scheduler"
+COUNTING_ROLE: dict[str, str] = {      # default "scheduler"
+    "input_guard": "tokenizer",         # the launcher's tokenizer manager checks and counts
+}
 
 ADAPTERS: tuple[str, ...] = tuple(dict.fromkeys(h.adapter for h in HOOKS))
 

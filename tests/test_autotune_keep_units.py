@@ -21,7 +21,7 @@ def _fp(argv=ARGV, env=ENV):
 
 def test_volatile_keys_are_every_v264_key_and_per_boot_ids_and_cli_lists_them():
     volatile = set(keys.volatile_keys())
-    for name in ("DSV41_SWA_NATIVE_DECODE", "DSV41_DECODE_YIELD", "DSV41_SWA_THIN",
+    for name in ("DSV41_INPUT_GUARD", "DSV41_SWA_NATIVE_DECODE", "DSV41_DECODE_YIELD", "DSV41_SWA_THIN",
                  "DSV41_SWA_CONE_REPLAY", "DSV41_SWA_CONE_TOKENS", "SGLANG_RUN_ID"):
         assert name in volatile
     out = io.StringIO()

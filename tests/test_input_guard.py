@@ -1,0 +1,161 @@
+"""input_guard on the engine's real TokenizerManager._create_tokenized_object (installed by the
+production installer), and its check on its own. The HTTP side (400 where stock dies) is
+tests/e2e/test_e2e_faults.py on the real server."""
+import types
+from array import array
+
+import numpy as np
+import pytest
+
+from adapter import input_guard, receipts
+
+VOCAB = 1024
+KEYS = {"DSV41_INPUT_GUARD": "1"}
+
+
+@pytest.fixture
+def manager(install_adapters):
+    """A TokenizerManager with just what _create_tokenized_object reads, the guard installed, and
+    a tokenizer-role engine config active for the call (use_context: nothing published globally)."""
+    status = install_adapters(KEYS)
+    assert status["input_guard"].status == "installed", status["input_guard"]
+    from sglang.srt import runtime_context as rc
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.server_args import ServerArgs
+
+    tm = TokenizerManager.__new__(TokenizerManager)
+    tm.model_config = types.SimpleNamespace(vocab_size=VOCAB)
+    tm.preferred_sampling_params = None
+    tm.sampling_params_class = SamplingParams
+    tm.tokenizer = None
+    tm.tokenized_generate_req_type = TokenizedGenerateReqInput
+    tm.fake_bootstrap_room_counter = 0
+    tm.rid_to_state = {}
+    receipts.forget("input_guard")
+    with rc.use_context(rc.create_context(ServerArgs(model_path="dummy"), role="tokenizer")):
+        yield tm
+    receipts.forget("input_guard")
+
+
+def _tokenize(tm, input_ids, **extra):
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    sampling = {"max_new_tokens": 2, **extra.pop("sampling", {})}
+    obj = GenerateReqInput(input_ids=input_ids, sampling_params=sampling, **extra)
+    obj.normalize_batch_and_arguments()
+    tm.rid_to_state[obj.rid] = types.SimpleNamespace(
+        time_stats=types.SimpleNamespace(set_tokenize_finish_time=lambda: None))
+    return tm._create_tokenized_object(obj, None, obj.input_ids)
+
+
+def _counts():
+    return dict(receipts.counters["input_guard"])
+
+
+def test_a_good_request_leaves_unchanged_and_is_counted(manager):
+    out = _tokenize(manager, [5, 6, 0, VOCAB - 1], sampling={"stop_token_ids": [7, VOCAB - 1]},
+                    return_logprob=True, top_logprobs_num=VOCAB)
+    assert out.input_ids == array("q", [5, 6, 0, VOCAB - 1])
+    assert out.sampling_params.stop_token_ids == {7, VOCAB - 1} and out.top_logprobs_num == VOCAB
+    assert _counts() == {"checked": 1}
+
+
+@pytest.mark.parametrize("ids, pos, bad, count", [
+    ([5, 6, 5_000_000], 2, 5_000_000, 1),
+    ([-1, 5, 6], 0, -1, 1),                          # negative: out of range too
+    ([5, VOCAB, 6, VOCAB + 7], 1, VOCAB, 2),         # the vocabulary size itself is not an id
+    ([3] * 100_000 + [2**62], 100_000, 2**62, 1),
+])
+def test_an_id_outside_the_vocabulary_is_a_value_error_naming_it(manager, ids, pos, bad, count, caplog):
+    with pytest.raises(ValueError) as err:
+        _tokenize(manager, ids)
+    message = str(err.value)
+    assert message.startswith(f"input_ids[{pos}] = {bad} is not a token id of this model")
+    assert f"valid ids are 0..{VOCAB - 1} (vocabulary size {VOCAB})" in message
+    assert (f"({count} of the {len(ids)} prompt ids are out of range)" in message) == (count > 1)
+    assert _counts() == {"checked": 1, "rejected:input_ids": 1}
+
+
+def test_one_log_line_per_reason_every_rejection_counted(manager, caplog):
+    caplog.set_level("INFO", logger=receipts.LOGGER_NAME)
+    for _ in range(3):
+        with pytest.raises(ValueError):
+            _tokenize(manager, [5, 5_000_000])
+    lines = [r.getMessage() for r in caplog.records if "input_guard rejected" in r.getMessage()]
+    assert len(lines) == 1 and "input_ids[1] = 5000000" in lines[0]
+    assert _counts()["rejected:input_ids"] == 3
+
+
+@pytest.mark.parametrize("extra, reason, text", [
+    ({"sampling": {"stop_token_ids": [7, 5_000_000]}}, "stop_token_ids", "stop_token_ids contains 5000000"),
+    ({"sampling": {"stop_token_ids": [-4, 7]}}, "stop_token_ids", "stop_token_ids contains -4"),
+    # without return_logprob too: a prefill batch takes every request's k (engine-fatal, e2e)
+    ({"top_logprobs_num": VOCAB + 1}, "top_logprobs_num", f"top_logprobs_num = {VOCAB + 1} is more"),
+    ({"top_logprobs_num": 100_000, "return_logprob": True}, "top_logprobs_num", "valid values are 0..1024"),
+])
+def test_stop_ids_and_top_logprobs_past_the_vocabulary_are_rejected(manager, extra, reason, text):
+    with pytest.raises(ValueError, match=text):
+        _tokenize(manager, [5, 6, 7], **extra)
+    assert _counts() == {"checked": 1, f"rejected:{reason}": 1}
+
+
+def test_the_engines_own_errors_propagate_unchanged(manager):
+    with pytest.raises(ValueError, match="temperature must be a non-negative finite number"):
+        _tokenize(manager, [5, 5_000_000], sampling={"temperature": -1.0})
+    assert _counts() == {}                  # the engine raised before the guard looked
+
+
+def test_a_failing_check_is_a_fallback_line_and_the_request_goes_on(manager, monkeypatch, caplog):
+    caplog.set_level("INFO", logger=receipts.LOGGER_NAME)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(input_guard, "check", broken)
+    out = _tokenize(manager, [5, 5_000_000])        # not checked: passed on as stock would
+    assert out.input_ids == array("q", [5, 5_000_000])
+    fallbacks = [r.getMessage() for r in caplog.records if "input_guard fallback" in r.getMessage()]
+    assert fallbacks == ["[dsv41] input_guard fallback: the check itself failed (RuntimeError); "
+                         "request passed unchanged (logged once)"]
+
+
+# --- the check on its own ---------------------------------------------------------------------
+
+def _req(**fields):
+    base = dict(input_ids=array("q", [1, 2]), mm_inputs=None, input_embeds=None,
+                sampling_params=types.SimpleNamespace(stop_token_ids=None), top_logprobs_num=0)
+    base.update(fields)
+    return types.SimpleNamespace(**base)
+
+
+@pytest.mark.parametrize("fields, why", [
+    ({"mm_inputs": object(), "input_ids": array("q", [5_000_000])}, input_guard.MULTIMODAL),
+    ({"input_embeds": [[0.0]], "input_ids": array("q", [5_000_000])}, input_guard.EMBEDS),
+    ({"input_ids": [[1, 2], [3]]}, "prompt ids are not a flat integer sequence (list)"),
+    ({"input_ids": [1.5, 2.0]}, "prompt ids are not a flat integer sequence (list)"),
+    ({"sampling_params": types.SimpleNamespace(stop_token_ids={1, "x"})}, "stop_token_ids are not comparable"),
+])
+def test_shapes_it_cannot_check_fall_back_and_pass(fields, why):
+    seen = []
+    assert input_guard.check(_req(**fields), VOCAB, seen.append) is None
+    assert len(seen) == 1 and seen[0].startswith(why) and "passed unchanged" in seen[0]
+
+
+def test_shapes_without_ids_or_with_clean_ids_pass_silently():
+    seen = []
+    for fields in ({"input_ids": None}, {"input_ids": array("q")}, {"input_ids": [1, 2, 3]},
+                   {"input_ids": np.arange(VOCAB, dtype=np.int32)}):
+        assert input_guard.check(_req(**fields), VOCAB, seen.append) is None
+    assert seen == []
+
+
+def test_the_view_of_the_engines_array_is_zero_copy_and_finds_the_first_bad_id():
+    ids = array("q", [7] * 1_000_000)
+    view = input_guard.int64_view(ids)
+    ids[999_999] = -5                         # written through the engine's array, seen in the view
+    ids[999_998] = VOCAB
+    assert view[999_999] == -5
+    assert input_guard.first_out_of_range(view, VOCAB) == (999_998, VOCAB, 2)
+    assert input_guard.first_out_of_range(view[:999_998], VOCAB) is None
