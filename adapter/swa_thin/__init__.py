@@ -49,6 +49,8 @@ COUNTERS = {
 }
 
 THIN_CORE = "dsv41_thin"            # thin's own tree core, as registered with the engine
+OWN_CORE = True                     # False: FULL+SWA caches get the engine's Python core, as before
+                                    # issue 25 (the bench's reference row, equivalence tests)
 DEMOTE_BINDING = "demote_swa_lru"   # the binding thin moves through where a core exposes it
 # Engine backends thin may switch, and the class each builds (a class exposing DEMOTE_BINDING is
 # kept): name -> (module, class).
@@ -284,7 +286,7 @@ def _switch(name: str, params) -> str:
         return name
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
-    if components == {ComponentType.FULL, swa}:
+    if OWN_CORE and components == {ComponentType.FULL, swa}:
         _register_core()
         receipts.line(NAME, "tree core: %s instead of %s (thin's subclass of the engine's Python "
                       "core: same tree, no per-node slicing; the engine's cores expose no way to "
