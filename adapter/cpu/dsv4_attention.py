@@ -15,7 +15,7 @@ import torch
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
-NOPE, ROPE, TILE = 448, 64, 64
+NOPE, TILE = 448, 64          # V4 latent: 448 fp8 nope dims in 64-wide scale tiles, then 64 bf16 rope
 INDEX_DIM = 128
 
 
