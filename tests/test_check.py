@@ -13,7 +13,7 @@ def test_production_line_installs_every_enabled_adapter_once():
     proc = run_python(CLI, argv=("check", "--profile", PROFILE, "--json"), timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     rows = {r["adapter"]: r for r in json.loads(proc.stdout)}
-    assert set(rows) == {"swan", "decode_yield", "swa_thin", "swa_cone", "autotune_keep"}
+    assert set(rows) == {"swan", "decode_yield", "swa_thin", "swa_cone", "autotune_keep", "input_guard"}
     for name, row in rows.items():
         assert {"adapter", "keys", "pin_ok", "installed", "reason"} <= set(row)
         assert row["installed"] and row["pin_ok"], row

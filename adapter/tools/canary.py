@@ -9,8 +9,11 @@ other variable and argument is listed as ignored, with the reason.
 
 Per adapter: installed (per process), receipt and fallback lines seen, T=0 equality (n of n
 records, token ids equal and logprobs within traffic.LOGPROB_TOL), the measured effect (stream
-cadence during a chunked prefill, resume cached tokens, cone plans), errors. Exit 0 only when
-every enabled adapter installed in the scheduler, outputs are equal and no request failed.
+cadence during a chunked prefill, resume cached tokens, cone plans; input_guard: one request with
+a prompt id outside the vocabulary, sent to the line's boot last, must get 400 and the server go
+on serving), errors. Exit 0 only when every enabled adapter installed where it acts (the
+scheduler; input_guard: the launcher's tokenizer manager), outputs are equal and no request
+failed.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import time
 from typing import Callable, Optional
 
 from adapter import keys as key_registry
-from adapter.table import ADAPTERS
+from adapter.table import ADAPTERS, COUNTING_ROLE
 
 # Launch arguments kept from a profile line (they mean the same on one CPU rank).
 KEPT_ARGS = {"--prefill-decode-interval", "--swa-prefix-tails", "--radix-eviction-policy",
@@ -45,6 +48,16 @@ MODEL_ARGS = {
             "--swa-full-tokens-ratio": "0.15"},
 }
 CADENCE_PREFILL = {"dense": 24576}
+# input_guard's effect: one /generate whose prompt holds an id outside the vocabulary, sent to the
+# line's boot after its other traffic (stock 0.5.23's scheduler dies on it; it is not sent to the
+# control, whose traffic and logs the report compares; tests/e2e/test_e2e_faults.py shows it).
+BAD_PROMPT = [5, 6, 5_000_000]
+
+
+def install_process(adapter: str) -> str:
+    """The process an adapter must install in to act: its counting role's (adapter/table.py
+    COUNTING_ROLE): "launcher" (HTTP + tokenizer manager) for "tokenizer", else "scheduler"."""
+    return "launcher" if COUNTING_ROLE.get(adapter, "scheduler") == "tokenizer" else "scheduler"
 
 
 def load_checked_lines(path, *names) -> list:
@@ -98,6 +111,7 @@ class ConfigRun:
     errors: list = dataclasses.field(default_factory=list)
     log_dir: str = ""
     extras: dict = dataclasses.field(default_factory=dict)       # what on_server() returned
+    bad_input: Optional[dict] = None                              # bad_input_probe (input_guard)
 
     def lines(self, role_prefix: str = "") -> list[str]:
         return [ln for role, text in self.logs.items() if role.startswith(role_prefix)
@@ -140,14 +154,43 @@ def _log_errors(logs: dict) -> list[str]:
     return found
 
 
+def bad_input_probe(server) -> dict:
+    """One /generate with BAD_PROMPT, then /health and one good request: what the server answered
+    and whether it kept serving."""
+    import requests
+
+    from adapter.cpu.server import output_of
+
+    out = {"request": f"/generate input_ids {BAD_PROMPT}"}
+    try:
+        resp = requests.post(server.url + "/generate", timeout=120, json={
+            "input_ids": BAD_PROMPT, "sampling_params": {"max_new_tokens": 4, "temperature": 0.0}})
+        out["status"] = resp.status_code
+        try:
+            out["message"] = str(resp.json().get("error", {}).get("message", ""))[:200]
+        except ValueError:
+            out["message"] = resp.text[:200]
+    except requests.RequestException as exc:
+        out["status"] = f"no answer ({type(exc).__name__})"
+    try:
+        healthy = requests.get(server.url + "/health", timeout=30).status_code == 200
+        ids, _ = output_of(server.generate([5, 6, 7], max_new_tokens=4, timeout=120))
+        out["served_after"] = healthy and len(ids) == 4
+    except Exception as exc:  # noqa: BLE001 - a dead server is the finding
+        out["served_after"] = False
+        out["after_error"] = f"{type(exc).__name__}: {exc}"[:200]
+    return out
+
+
 def run_config(model: str, keys: dict, args: dict, *,
-               scenarios=("equality", "window", "idle", "cadence"),
+               scenarios=("equality", "window", "idle", "cadence", "bad_input"),
                progress: Optional[Callable[[str], None]] = None, name: str = "",
                extra_env: Optional[dict] = None,
                on_server: Optional[Callable[[object], dict]] = None) -> ConfigRun:
     """Boot, run the traffic, stop; never leaves a process behind.
 
     scenarios may add "calibration" (traffic.calibration_run, for `dsv41 calibrate yield`);
+    "bad_input" (bad_input_probe, last) runs only where the keys enable input_guard;
     extra_env goes to the server's environment (harness switches); on_server(server), called
     after the traffic while the server still runs, returns what lands in run.extras."""
     from adapter.cpu.server import BootError, CpuServer
@@ -183,6 +226,9 @@ def run_config(model: str, keys: dict, args: dict, *,
         if "calibration" in scenarios:
             say(f"{name or model}: calibration traffic")
             run.extras["calibration_sent"] = traffic.calibration_run(server)
+        if "bad_input" in scenarios and key_registry.parse_env(keys).enabled("input_guard"):
+            say(f"{name or model}: one request with a prompt id outside the vocabulary")
+            run.bad_input = bad_input_probe(server)
         if on_server is not None:
             run.extras.update(on_server(server) or {})
     except BootError as exc:
@@ -221,7 +267,21 @@ def _effect(adapter: str, line: ConfigRun, control: ConfigRun) -> dict:
             out["lost_window_resume_cached_control"] = control.window["resume"].cached_tokens
             out["lost_window_resume_cached_line"] = line.window["resume"].cached_tokens
         return out
+    if adapter == "input_guard" and line.bad_input:
+        return {"bad_request": line.bad_input["request"], "line_status": line.bad_input["status"],
+                "line_served_after": line.bad_input["served_after"],
+                "control": "not sent (stock 0.5.23 dies on it: IndexError in the embedding)",
+                "rejected_lines": len([ln for ln in line.dsv41_lines(adapter) if " rejected " in ln])}
     return {}
+
+
+def _effect_failed(adapter: str, effect: dict) -> Optional[str]:
+    """An adapter whose measured effect is the contract itself (input_guard: 400, still serving)."""
+    if adapter == "input_guard" and effect and not (
+            effect["line_status"] == 400 and effect["line_served_after"]):
+        return (f"input_guard: the bad request got {effect['line_status']}, served after: "
+                f"{effect['line_served_after']} (expected 400 and served)")
+    return None
 
 
 def records_of(run: ConfigRun) -> list:
@@ -252,8 +312,10 @@ def model_report(model: str, control: ConfigRun, line: ConfigRun) -> dict:
             "effect": _effect(name, line, control) if enabled else {},
         }
     errors = [f"control: {e}" for e in control.errors] + [f"line: {e}" for e in line.errors]
+    errors += [e for e in (_effect_failed(n, a["effect"]) for n, a in adapters.items()) if e]
     not_installed = [n for n, a in adapters.items()
-                     if a["enabled"] and not any(v for r, v in a["installed"].items() if r.startswith("scheduler"))]
+                     if a["enabled"] and not any(v for r, v in a["installed"].items()
+                                                 if r.startswith(install_process(n)))]
     ok = not errors and not not_installed and eq.ok and bool(line.records) and bool(control.records)
     return {"ok": ok, "equality": eq.as_json(), "adapters": adapters, "errors": errors,
             "not_installed": not_installed,
@@ -281,7 +343,7 @@ def format_report(report: dict) -> str:
             out.append(f"  {name:14s} {inst:42s} {json.dumps(a['effect']) if a['effect'] else ''}")
             for ln in a["fallbacks"] + a["receipts"][:3]:
                 out.append(f"  {'':14s}   {ln[:150]}")
-        for e in m["errors"] + [f"{n} not installed in the scheduler" for n in m["not_installed"]]:
+        for e in m["errors"] + [f"{n} not installed in the {install_process(n)}" for n in m["not_installed"]]:
             out.append(f"  ERROR {e}")
         if eq["mismatches"]:
             out.append(f"  outputs differ: {', '.join(eq['mismatches'])}")
