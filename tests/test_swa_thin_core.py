@@ -261,3 +261,102 @@ def test_a_scripted_run_moves_through_the_binding_and_matches(install_adapters, 
 
     run_lockstep(ops, _thin_side, engine_side)
     assert calls and all(calls)
+
+
+# ---- the day a core exposes the binding: thin keeps that core and moves through it -----------
+
+class _PathInfo:
+    def __init__(self, node_id, parent_id, start, end):
+        self.node_id, self.parent_id, self.path_start, self.path_end = node_id, parent_id, start, end
+
+
+class StandInCore:
+    """A core object with no Python nodes, only the binding and what every core has: a chain
+    root(0) -> 1 -> 2 -> ... of 256-token nodes; `swa` says which nodes still hold SWA."""
+
+    page_size = PAGE
+
+    def __init__(self, depth, swa, outcomes):
+        self.depth, self.swa, self.outcomes, self.calls = depth, swa, outcomes, []
+
+    def collect_path_info(self, node_ids):
+        (node_id,) = node_ids
+        if not 0 <= node_id <= self.depth:
+            raise KeyError(node_id)
+        return (tuple(_PathInfo(i, i - 1, (i - 1) * PAGE, i * PAGE) for i in range(1, node_id + 1)),)
+
+    def get_component_device_value(self, node_id, component_type):
+        return [node_id] if node_id in self.swa else None
+
+    def is_root(self, node_id):
+        return node_id == 0
+
+    def demote_swa_lru(self, node_ids):
+        self.calls.append(list(node_ids))
+        return [self.outcomes.get(i, "moved") for i in node_ids]
+
+
+def test_selection_keeps_a_core_that_exposes_the_binding(install_adapters, monkeypatch, caplog):
+    import logging
+
+    from adapter import receipts, swa_thin
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.unified_cache import tree_core_registry
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+    assert install_adapters(THIN)["swa_thin"].status == "installed"
+    swa_thin.reset_counts()
+
+    class RustWithBinding:                 # the engine's Rust core class, one engine pin later
+        def demote_swa_lru(self, node_ids):
+            return []
+
+    real = swa_thin._engine_core_class
+    monkeypatch.setattr(swa_thin, "_engine_core_class",
+                        lambda name: RustWithBinding if name == "rust" else real(name))
+
+    def select(backend):
+        return tree_core_registry.select_tree_core_backend(CacheInitParams(
+            disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=None, page_size=PAGE,
+            tree_components=(ComponentType.FULL, ComponentType.SWA), tree_core_backend=backend))
+
+    with caplog.at_level(logging.INFO, logger="sglang.dsv41"):
+        assert select("rust") == "rust"            # exposes it: kept
+        assert select("python") == "dsv41_thin"   # the engine's Python core does not
+    assert receipts.counters["swa_thin"]["core:rust"] == 1
+    assert receipts.counters["swa_thin"]["core:dsv41_thin"] == 1
+    assert any("tree core: rust kept (it exposes demote_swa_lru" in r.getMessage() for r in caplog.records)
+    # Today's engine: neither of its cores exposes the binding.
+    assert not hasattr(real("python"), "demote_swa_lru")
+    assert not hasattr(real("rust"), "demote_swa_lru")
+
+
+def test_the_move_goes_through_a_cores_binding(monkeypatch):
+    """On a core with the binding and no Python nodes (the window read from collect_path_info):
+    one call with the passed window deepest first, minus the new window; outcomes counted as
+    thin counts them (moved; kept by reason; tombstones not counted)."""
+    import types
+
+    from adapter import swa_thin
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+    swa_thin.reset_counts()
+    # Window = 128 + 256 tokens = two 256-token nodes. Old checkpoint at node 6 (window 6, 5),
+    # the request moved to node 7 (window 7, 6): 6 is in the new window, 5 is passed.
+    core = StandInCore(depth=8, swa={5, 6, 7}, outcomes={})
+    cache = types.SimpleNamespace(tree_core=core, disable=False, is_swa_enabled=True,
+                                  components={ComponentType.SWA: types.SimpleNamespace(sliding_window_size=128)})
+    assert swa_thin.move_passed_checkpoint(cache, 6, 7) == (1, 1)
+    assert core.calls == [[5]]
+    # A checkpoint passed by a long way (old 3, new 8): both old window nodes go to the binding,
+    # deepest first; one locked, one a tombstone by then.
+    core = StandInCore(depth=8, swa={7, 8}, outcomes={3: "locked", 2: "tombstone"})
+    cache.tree_core = core
+    assert swa_thin.move_passed_checkpoint(cache, 3, 8) == (0, 1)
+    assert core.calls == [[3, 2]]
+    s = swa_thin.summary()
+    assert s["nodes_moved"] == 0          # counted by the hook, not by the move
+    assert s["kept"] == {"in-new-window": 1, "locked": 1}
+    # A node that left the tree: the fallback, order unchanged.
+    assert swa_thin.move_passed_checkpoint(cache, 3, 99) == (0, 0)
+    assert core.calls == [[3, 2]]
