@@ -10,7 +10,8 @@ Mamba) runs on the engine's Python core, its Rust core and thin's core ("dsv41_t
 
 What the harness supplies (test-only, nothing in the engine is changed):
 - `sglang.test.test_utils` (imported by the kit's config) imports `datasets` (Hugging Face), not
-  installed here: a stand-in module whose `load_dataset` raises, only when it is missing.
+  installed here: a stand-in module whose `load_dataset` raises, only when it is missing, and
+  only while the kit imports.
 - `fixtures.get_device` answers "cpu" (the kit asks for an accelerator).
 - thin's core with the kit's white-box reads: `UnifiedTreeCoreInspector`'s methods on
   ThinTreeCore, registered for the test under "dsv41_thin".
@@ -40,6 +41,7 @@ def _import_kit():
     from adapter.cpu import cpu_engine
 
     cpu_engine.install_torchvision_shim()
+    stand_in = None
     if "datasets" not in sys.modules and importlib.util.find_spec("datasets") is None:
         stand_in = types.ModuleType("datasets")
 
@@ -48,8 +50,11 @@ def _import_kit():
 
         stand_in.load_dataset = load_dataset
         sys.modules["datasets"] = stand_in
-    from sglang.test.kits.unified_radix_cache import config, fixtures, insert_walk
-
+    try:
+        from sglang.test.kits.unified_radix_cache import config, fixtures, insert_walk
+    finally:
+        if stand_in is not None:           # only the kit's import chain sees it
+            sys.modules.pop("datasets", None)
     return config, fixtures, insert_walk
 
 
