@@ -234,17 +234,21 @@ def _window_ids(core, node_id, span) -> list:
 def _checkpoint_into_tree(original, self, req, *args, **kwargs):
     lock = getattr(req, "lock", None)
     old_id = lock.node if lock is not None else None
-    result = original(self, req, *args, **kwargs)
-    c = counts()
-    c["hooked_inserts"] += 1
-    new_id = req.last_node
-    if (old_id is not None and new_id is not None and new_id != old_id
-            and not self.tree_core.is_root(old_id)):
-        moved, _ = move_passed_checkpoint(self, old_id, new_id)
-        c["checkpoints_passed"] += 1
-        c["nodes_moved"] += moved
-    if c["hooked_inserts"] % RECEIPT_EVERY == 0:
-        _receipt_line(c)
+    result = original(self, req, *args, **kwargs)       # the engine's exceptions propagate
+    try:
+        c = counts()
+        c["hooked_inserts"] += 1
+        new_id = req.last_node
+        if (old_id is not None and new_id is not None and new_id != old_id
+                and not self.tree_core.is_root(old_id)):
+            moved, _ = move_passed_checkpoint(self, old_id, new_id)
+            c["checkpoints_passed"] += 1
+            c["nodes_moved"] += moved
+        if c["hooked_inserts"] % RECEIPT_EVERY == 0:
+            _receipt_line(c)
+    except Exception as exc:  # noqa: BLE001 - thin's own logic only: the insert stands
+        receipts.fallback(NAME, f"move failed ({type(exc).__name__}); this checkpoint "
+                                "keeps the engine's SWA LRU order")
     return result
 
 
@@ -265,7 +269,11 @@ def _receipt_line(c) -> None:
 def _select_tree_core_backend(original, params, *args, **kwargs):
     name = original(params, *args, **kwargs)
     if name in ENGINE_CORES:
-        name = _switch(name, params)
+        try:
+            name = _switch(name, params)
+        except Exception as exc:  # noqa: BLE001 - thin's own logic only: the engine's choice stands
+            receipts.fallback(NAME, f"tree core switch failed ({type(exc).__name__}); the "
+                                    f"engine's {name} core serves this cache")
     counts()[f"core:{name}"] += 1
     return name
 
