@@ -83,13 +83,17 @@ class Cone:
     # ---- match side -------------------------------------------------------------------------
 
     def match_prefix(self, original, cache, params):
-        result = original(cache, params)
+        result = original(cache, params)        # the engine's exceptions propagate unchanged
         req = getattr(params, "req", None)
         if req is None:
             return result
         if getattr(req, CAND_ATTR, None) is not None:
             setattr(req, CAND_ATTR, None)
-        cand = self.candidate(cache, params, result)
+        try:
+            cand = self.candidate(cache, params, result)
+        except Exception as exc:  # noqa: BLE001 - cone's own logic only: the stock match stands
+            _contained("candidate", exc)
+            cand = None
         if cand is not None:
             setattr(req, CAND_ATTR, cand)
         return result
@@ -141,10 +145,15 @@ class Cone:
             return original(adder, req, *args, **kwargs)
         setattr(req, CAND_ATTR, None)
         tree = adder.tree_cache
-        root = tree.root_node_handle(req.extra_key)
-        if (req.prefix_len != cand.stock_len or req.last_node != cand.stock_node
-                or _path_len(tree, cand.node_s, root) != cand.s
-                or _path_len(tree, cand.node_F, root) < cand.F):
+        try:
+            root = tree.root_node_handle(req.extra_key)
+            changed = (req.prefix_len != cand.stock_len or req.last_node != cand.stock_node
+                       or _path_len(tree, cand.node_s, root) != cand.s
+                       or _path_len(tree, cand.node_F, root) < cand.F)
+        except Exception as exc:  # noqa: BLE001 - cone's own logic only: the stock match stands
+            _contained("admission check", exc)
+            return original(adder, req, *args, **kwargs)
+        if changed:
             receipts.fallback(ADAPTER, "tree changed between match and admission; stock match kept")
             return original(adder, req, *args, **kwargs)
         cand.saved = _swap_in(req, cand)
@@ -164,7 +173,10 @@ class Cone:
         if not committed:
             _restore(req, cand.saved)   # not admitted this round: it waits with the stock match
             return verdict
-        self._commit(tree, req, cand, root)
+        try:
+            self._commit(tree, req, cand, root)
+        except Exception as exc:  # noqa: BLE001 - cone's own logic only; admitted as a hit at s
+            _contained("plan", exc)
         return verdict
 
     def select_admission(self, original, adder, req, *args, **kwargs):
@@ -174,7 +186,11 @@ class Cone:
         admission = original(adder, req, *args, **kwargs)
         if not hasattr(admission, "extend_len"):
             return admission            # no shape this round (budget); add_one_req restores
-        end = admission.prefix_len + admission.extend_len
+        try:
+            end = admission.prefix_len + admission.extend_len
+        except Exception as exc:  # noqa: BLE001 - cone's own logic only: the shape stands
+            _contained("admission shape", exc)
+            return admission
         if end >= cand.F:
             return admission
         receipts.fallback(ADAPTER, "first pass does not cover the replay (chunk budget below N); "
@@ -208,16 +224,22 @@ class Cone:
 
     def build_forward_metadata(self, original, backend, forward_batch, *args, **kwargs):
         if self.plans and not getattr(backend, "is_dspark_draft", False):
-            self.apply(forward_batch, pool=backend.token_to_kv_pool,
-                       req_to_token=backend.req_to_token, page_size=backend.page_size)
+            try:
+                self.apply(forward_batch, pool=backend.token_to_kv_pool,
+                           req_to_token=backend.req_to_token, page_size=backend.page_size)
+            except Exception as exc:  # noqa: BLE001 - cone's own logic only
+                _contained("copy", exc)
         return original(backend, forward_batch, *args, **kwargs)
 
     def init_prefill_metadata(self, original, backend, *args, **kwargs):
         fb = kwargs.get("forward_batch")
-        floor = getattr(fb, FLOOR_ATTR, None) if fb is not None else None
-        if (floor is not None and kwargs.get("swa_replay_start") is None
-                and backend.token_to_kv_pool.request_window is None):
-            kwargs["swa_replay_start"] = _pad_to(floor, kwargs["out_cache_loc"].shape[0])
+        try:
+            floor = getattr(fb, FLOOR_ATTR, None) if fb is not None else None
+            if (floor is not None and kwargs.get("swa_replay_start") is None
+                    and backend.token_to_kv_pool.request_window is None):
+                kwargs["swa_replay_start"] = _pad_to(floor, kwargs["out_cache_loc"].shape[0])
+        except Exception as exc:  # noqa: BLE001 - cone's own logic only
+            _contained("window floor", exc)
         return original(backend, *args, **kwargs)
 
     def apply(self, fb, *, pool, req_to_token, page_size) -> list:
@@ -294,6 +316,13 @@ def forward_side() -> Optional[str]:
     if attention_registry._is_hip or attention_registry._is_npu:
         return f"the {'HIP' if attention_registry._is_hip else 'NPU'} dsv4 backend"
     return None
+
+
+def _contained(step: str, exc: BaseException) -> None:
+    """An exception of cone's own logic at `step`: one fallback line per (step, type); the engine's
+    call goes on (no exception of cone's reaches the scheduler or the model worker)."""
+    receipts.fallback(ADAPTER, f"internal error in the {step} step ({type(exc).__name__}); that "
+                               "step left to the engine")
 
 
 def _pad_to(t, n: int):
