@@ -191,40 +191,62 @@ def install(ctx) -> str:
     fitted = ctx.value(MODEL_KEY)       # keys.py parsed and range-checked it at boot
     model = CLUSTER if fitted is None else CostModel(*fitted)
 
+    def contain(scheduler, exc) -> None:
+        """An exception of the yield's own logic: one fallback line, the yield state of this
+        scheduler dropped (stock interval from here); the engine's step goes on."""
+        ctx.fallback(f"internal error ({type(exc).__name__}); yield state dropped, stock "
+                     "interval kept")
+        st = scheduler.__dict__.get(_STATE)
+        if st is not None:
+            st.cand_req, st.cand_cost, st.req, st.left, st.log = None, 0, None, 0, None
+
     def arm_prefill_decode_interval(original, self, batch, *args, **kwargs):
         out = original(self, batch, *args, **kwargs)
+        try:
+            note_candidate(self, batch)
+        except Exception as exc:  # noqa: BLE001 - the adapter's own logic only
+            contain(self, exc)
+        return out
+
+    def note_candidate(self, batch) -> None:
         chunked = self.chunked_req
         st = self.__dict__.get(_STATE)
         if st is not None and st.log is not None and st.log[0] is not chunked:
             _flush_log(st)   # the prompt that yielded left chunked prefill (last chunk, abort)
         if (chunked is None or batch is None or chunked not in batch.reqs
                 or not batch.forward_mode.is_extend()):
-            return out
+            return
         reason = _unsupported(self)
         if reason is not None:
             ctx.fallback(reason)
-            return out
+            return
         st = _state(self)
         st.cand_req = chunked
         st.cand_cost = pass_cost_us(batch.extend_lens, batch.prefix_lens, model)
-        return out
 
     def get_next_batch_to_run(original, self, *args, **kwargs):
         plan = original(self, *args, **kwargs)
         st = self.__dict__.get(_STATE)
         if st is None or st.cand_req is None:
             return plan
+        try:
+            arm(self, st, plan)
+        except Exception as exc:  # noqa: BLE001 - the adapter's own logic only
+            contain(self, exc)
+        return plan
+
+    def arm(self, st, plan) -> None:
         req, cost = st.cand_req, st.cand_cost
         st.cand_req, st.cand_cost = None, 0
         batch = plan.batch_to_run
         if batch is None or req is not self.chunked_req or req not in batch.reqs:
-            return plan   # the engine did not end up running that chunk this step
+            return        # the engine did not end up running that chunk this step
         rows = list(plan.running_batch.reqs)
         if batch.decoding_reqs:
             rows.extend(batch.decoding_reqs)
         if len(rows) < max(1, self.prefill_decode_interval_min_bs):
             counters["lone_chunks"] += 1
-            return plan
+            return
         step = step_cost_us(len(rows), sum(r.seqlen for r in rows), model)
         steps = yield_steps(pct, cost, step, self.prefill_decode_interval)
         st.req, st.left = req, steps
@@ -235,17 +257,22 @@ def install(ctx) -> str:
         st.log[2] += steps
         counters["chunks_yielded"] += 1
         counters["steps_planned"] += steps
-        return plan
 
     def should_defer_prefill(original, self, running_batch, *args, **kwargs):
         st = self.__dict__.get(_STATE)
         if st is None or st.req is None:
             return original(self, running_batch, *args, **kwargs)
-        if st.req is not self.chunked_req:
-            early = "ended_early_chunked_req_gone"
-        elif running_batch.batch_size() < max(1, self.prefill_decode_interval_min_bs):
-            early = "ended_early_streams_finished"
-        else:
+        try:
+            if st.req is not self.chunked_req:
+                early = "ended_early_chunked_req_gone"
+            elif running_batch.batch_size() < max(1, self.prefill_decode_interval_min_bs):
+                early = "ended_early_streams_finished"
+            else:
+                early = None
+        except Exception as exc:  # noqa: BLE001 - the adapter's own logic only
+            contain(self, exc)
+            return original(self, running_batch, *args, **kwargs)
+        if early is None:
             original(self, running_batch, *args, **kwargs)   # the stock counter runs alongside
             st.left -= 1
             if st.left <= 0:

@@ -140,6 +140,11 @@ class Cone:
                          node_s=node_s, node_F=node_F)
 
     def add_one_req(self, original, adder, req, *args, **kwargs):
+        if self.plans:
+            # A plan is consumed by its request's first pass, right after the admission that made
+            # it; one still here for this rid belongs to an earlier admission whose pass never ran
+            # (aborted first; a client reusing the rid): it must not meet this request's pass.
+            self.plans.pop(req.rid, None)
         cand = getattr(req, CAND_ATTR, None)
         if cand is None:
             return original(adder, req, *args, **kwargs)
