@@ -10,6 +10,13 @@ torch_native fix and then chains to ours. Every process of the server writes its
 The server is its own process group (start_new_session): `stop()` ends the whole group, TERM
 then KILL, and waits until no live process of the group is left. Use it as a context manager or
 call stop() in a finally; a failed boot stops the group before raising.
+
+`nodes=N` boots the production topology on this machine: N launch processes on 127.0.0.1, one
+per node, `--nnodes N --node-rank r --dist-init-addr 127.0.0.1:<port>` (the ranks of the
+`--tp-size` split evenly over the nodes, as the cluster's one rank per node). Node 0 serves HTTP
+on `port`; a node r > 0 runs only its schedulers and the engine's health stub, on a port of its
+own (on the cluster every node uses the same port on its own host). Each node is a process group
+of its own; `stop()` ends them all (node 0 first: it broadcasts the engine's shutdown).
 """
 from __future__ import annotations
 
@@ -128,6 +135,10 @@ class CpuServer:
     boot_s: float = 0.0
     roles: dict = dataclasses.field(default_factory=dict)   # pid -> process title
     extra_env: dict = dataclasses.field(default_factory=dict)   # harness switches (DSV41CPU_*)
+    nodes: int = 1                              # launch processes, one per node (--nnodes)
+    node_procs: list = dataclasses.field(default_factory=list)   # nodes 1..N-1 (Popen)
+    node_ports: list = dataclasses.field(default_factory=list)   # their health-stub ports
+    dist_port: int = 0                          # --dist-init-addr port (nodes > 1)
 
     @property
     def url(self) -> str:
@@ -137,19 +148,23 @@ class CpuServer:
     def returncode(self) -> Optional[int]:
         return None if self.proc is None else self.proc.poll()
 
-    def command(self) -> list[str]:
+    def command(self, node_rank: int = 0) -> list[str]:
         merged = dict(DEFAULT_ARGS)
         merged.update(self.args)
+        port = self.port if node_rank == 0 else self.node_ports[node_rank - 1]
         argv = [sys.executable, "-m", "sglang.launch_server", "--model-path",
-                str(models.ensure_model(self.model)), "--host", "127.0.0.1", "--port", str(self.port),
+                str(models.ensure_model(self.model)), "--host", "127.0.0.1", "--port", str(port),
                 *CPU_ARGS]
         for flag, value in merged.items():
             if value is None:
                 continue
             argv += [flag] if value == "" else [flag, str(value)]
+        if self.nodes > 1:
+            argv += ["--nnodes", str(self.nodes), "--node-rank", str(node_rank),
+                     "--dist-init-addr", f"127.0.0.1:{self.dist_port}"]
         return argv
 
-    def environment(self) -> dict[str, str]:
+    def environment(self, node_rank: int = 0) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items()
                if not k.startswith("DSV41_") and k not in ("PYTHONPATH", "SGLANG_PLUGINS")}
         env.update({str(k): str(v) for k, v in self.keys.items()})
@@ -161,10 +176,13 @@ class CpuServer:
         tp = int(self.args.get("--tp-size") or 1)
         if tp > 1 and "SGLANG_CPU_OMP_THREADS_BIND" not in env:
             # The engine binds each CPU rank to one NUMA node unless told otherwise, and this
-            # machine has one: give each rank its own share of the cores instead.
+            # machine has one: give each rank its own share of the cores instead (a node lists
+            # its own ranks only: its local rank 0 is global rank node_rank x ranks per node).
             cores = sorted(os.sched_getaffinity(0))
+            per_node = max(tp // self.nodes, 1)
+            ranks = range(node_rank * per_node, (node_rank + 1) * per_node)
             env["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(
-                ",".join(str(c) for c in cores[r::tp]) or str(cores[r % len(cores)]) for r in range(tp))
+                ",".join(str(c) for c in cores[r::tp]) or str(cores[r % len(cores)]) for r in ranks)
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
@@ -176,17 +194,29 @@ class CpuServer:
             self.log_dir = pathlib.Path(tempfile.mkdtemp(prefix=f"dsv41-cpu-{self.name or self.model}-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port()
-        argv = self.command()
-        (self.log_dir / "command.txt").write_text(" ".join(argv) + "\n" + "".join(
+        if self.nodes > 1:
+            self.dist_port = self.dist_port or free_port()
+            self.node_ports = self.node_ports or [free_port() for _ in range(self.nodes - 1)]
+        argv = self.command()       # node 0 (subclasses may override command() without a rank)
+        (self.log_dir / "command.txt").write_text("".join(
+            " ".join(self.command(r) if r else argv) + "\n" for r in range(self.nodes)) + "".join(
             f"{k}={v}\n" for k, v in sorted(self.keys.items())))
-        launcher_out = open(self.log_dir / "launcher.out", "wb")
         began = time.monotonic()
+        _STARTED.add(self)
+        for rank in range(1, self.nodes):     # the other nodes first: node 0's schedulers wait on them
+            out = open(self.log_dir / f"launcher-node{rank}.out", "wb")
+            proc = subprocess.Popen(self.command(rank), env=self.environment(rank),
+                                    cwd=str(REPO_ROOT), stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            out.close()
+            self.node_procs.append(proc)
+            self.roles[proc.pid] = f"node {rank} launcher"
+        launcher_out = open(self.log_dir / "launcher.out", "wb")
         self.proc = subprocess.Popen(argv, env=self.environment(), cwd=str(REPO_ROOT),
                                      stdin=subprocess.DEVNULL, stdout=launcher_out,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         launcher_out.close()
         self.roles[self.proc.pid] = LAUNCHER_ROLE
-        _STARTED.add(self)
         try:
             if expect_exit:
                 self.proc.wait(timeout=timeout)
@@ -205,6 +235,10 @@ class CpuServer:
             code = self.proc.poll()
             if code is not None:
                 raise BootError(f"server {self.name or self.model} exited with code {code} during boot", self)
+            for rank, proc in enumerate(self.node_procs, 1):
+                if proc.poll() is not None:
+                    raise BootError(f"server {self.name or self.model} node {rank} exited with code "
+                                    f"{proc.returncode} during boot", self)
             # Titles now, while the processes live: a boot that fails has no other chance to
             # name whose log holds the error.
             self._name_processes()
@@ -215,42 +249,53 @@ class CpuServer:
         self._name_processes()
         raise BootError(f"server {self.name or self.model} not healthy after {timeout:.0f}s", self)
 
+    def _roots(self) -> list:
+        """Launch processes: node 0's, then the other nodes'."""
+        return ([self.proc] if self.proc is not None else []) + list(self.node_procs)
+
     def _name_processes(self) -> None:
-        with contextlib.suppress(psutil.Error):
-            root = psutil.Process(self.proc.pid)
-            self.roles[root.pid] = LAUNCHER_ROLE
-            for child in root.children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    title = " ".join(child.cmdline()).strip() or child.name()
-                    if title.startswith("sglang::") or not self.roles.get(child.pid, "").startswith("sglang::"):
-                        self.roles[child.pid] = title if title.startswith("sglang::") else child.name()
+        for rank, proc in enumerate(self._roots()):
+            with contextlib.suppress(psutil.Error):
+                root = psutil.Process(proc.pid)
+                self.roles[root.pid] = LAUNCHER_ROLE if proc is self.proc else f"node {rank} launcher"
+                for child in root.children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        title = " ".join(child.cmdline()).strip() or child.name()
+                        if title.startswith("sglang::") or not self.roles.get(child.pid, "").startswith("sglang::"):
+                            self.roles[child.pid] = title if title.startswith("sglang::") else child.name()
 
     def group_alive(self) -> list[int]:
-        """Live (non-zombie) processes of the server's process group."""
-        if self.proc is None:
+        """Live (non-zombie) processes of the server's process groups (one per node)."""
+        groups = {proc.pid for proc in self._roots()}
+        if not groups:
             return []
         alive = []
         for p in psutil.process_iter(["pid", "status"]):
             with contextlib.suppress(psutil.Error, ProcessLookupError, OSError):
-                if os.getpgid(p.pid) == self.proc.pid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                if os.getpgid(p.pid) in groups and p.info["status"] != psutil.STATUS_ZOMBIE:
                     alive.append(p.pid)
         return alive
 
     def stop(self, grace_s: float = 20.0) -> None:
-        """End the whole process group; return only when none of it is left."""
-        if self.proc is None:
+        """End every process group of the server (node 0 first); return only when none is left."""
+        roots = self._roots()
+        if not roots:
             return
         for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
             if not self.group_alive():
                 break
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, sig)
+            for proc in roots:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, sig)
             deadline = time.monotonic() + wait_s
             while time.monotonic() < deadline and self.group_alive():
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.proc.wait(timeout=0.2)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=5)
+                    roots[0].wait(timeout=0.2)
+                for proc in roots[1:]:
+                    proc.poll()
+        for proc in roots:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
         left = self.group_alive()
         if left:
             raise RuntimeError(f"server {self.name or self.model}: processes {left} survived SIGKILL")
@@ -275,6 +320,8 @@ class CpuServer:
         launcher = self.log_dir / "launcher.out"
         if launcher.exists():
             out["launcher.out"] = launcher.read_text(errors="replace")
+        for path in sorted(self.log_dir.glob("launcher-node*.out")):
+            out[path.name] = path.read_text(errors="replace")
         return out
 
     def log(self) -> str:

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pathlib
 import re
 import sys
+import tempfile
 import time
 from typing import Callable, Optional
 
@@ -52,6 +54,7 @@ CADENCE_PREFILL = {"dense": 24576}
 # line's boot after its other traffic (stock 0.5.23's scheduler dies on it; it is not sent to the
 # control, whose traffic and logs the report compares; tests/e2e/test_e2e_faults.py shows it).
 BAD_PROMPT = [5, 6, 5_000_000]
+AGREE_ENV = "DSV41CPU_AUTOTUNE_AGREE"      # --nodes: adapter/cpu/autotune_agree.py
 
 
 def install_process(adapter: str) -> str:
@@ -186,13 +189,16 @@ def run_config(model: str, keys: dict, args: dict, *,
                scenarios=("equality", "window", "idle", "cadence", "bad_input"),
                progress: Optional[Callable[[str], None]] = None, name: str = "",
                extra_env: Optional[dict] = None,
-               on_server: Optional[Callable[[object], dict]] = None) -> ConfigRun:
+               on_server: Optional[Callable[[object], dict]] = None, nodes: int = 1) -> ConfigRun:
     """Boot, run the traffic, stop; never leaves a process behind.
 
     scenarios may add "calibration" (traffic.calibration_run, for `dsv41 calibrate yield`);
     "bad_input" (bad_input_probe, last) runs only where the keys enable input_guard;
     extra_env goes to the server's environment (harness switches); on_server(server), called
-    after the traffic while the server still runs, returns what lands in run.extras."""
+    after the traffic while the server still runs, returns what lands in run.extras.
+    nodes > 1: the production topology on this machine, one launch process per node
+    (CpuServer(nodes=...): --nnodes, --node-rank, --dist-init-addr on 127.0.0.1); --tp-size is
+    taken from args."""
     from adapter.cpu.server import BootError, CpuServer
     from adapter.tools import traffic
 
@@ -201,7 +207,7 @@ def run_config(model: str, keys: dict, args: dict, *,
     merged.update(args)
     run = ConfigRun(model, dict(keys), dict(args))
     server = CpuServer(model, keys=keys, args=merged, name=re.sub(r"[^A-Za-z0-9_.-]+", "-", name or model),
-                       extra_env=dict(extra_env or {}))
+                       extra_env=dict(extra_env or {}), nodes=nodes)
     began = time.monotonic()
     try:
         say(f"{name or model}: booting ({model} model, {len(keys)} DSV41 keys)")
@@ -248,14 +254,46 @@ def run_config(model: str, keys: dict, args: dict, *,
 
 # --- per-adapter report ----------------------------------------------------------------------
 
+def _ranks(run: ConfigRun) -> list[str]:
+    """The scheduler roles of a run with more than one TP rank: scheduler_TP0, scheduler_TP1, ..."""
+    return sorted({r for r in (_role(n) for n in run.logs) if r and r.startswith("scheduler_TP")})
+
+
+def rank_decisions(run: ConfigRun) -> dict:
+    """decode_yield's per-prompt lines of each rank, without timestamps."""
+    return {r: [ln for ln in run.dsv41_lines("decode_yield", f"sglang::{r}") if " rid=" in ln]
+            for r in _ranks(run)}
+
+
+def rank_agreement(run: ConfigRun) -> dict:
+    """Each rank's autotune agreement rounds (adapter/cpu/autotune_agree.py), as "kept"/"absent"."""
+    out = {}
+    for r in _ranks(run):
+        found = [re.search(r"autotune agreement round \d rank \d+: cache (\w+)", ln)
+                 for ln in run.lines(f"sglang::{r}")]
+        out[r] = [m.group(1) for m in found if m]
+    return out
+
+
 def _effect(adapter: str, line: ConfigRun, control: ConfigRun) -> dict:
     if adapter == "decode_yield" and line.cadence and control.cadence:
         share = line.keys.get("DSV41_DECODE_YIELD")
-        return {"cadence_control": control.cadence["cadence"], "cadence_line": line.cadence["cadence"],
-                "configured_share": int(share) / 100 if share else None,
-                "achieved_share": line.cadence["cadence"],
-                "long_prompt_completed": line.cadence["long_prompt_completed"],
-                "yield_lines": len([ln for ln in line.dsv41_lines(adapter) if "yielded" in ln])}
+        out = {"cadence_control": control.cadence["cadence"], "cadence_line": line.cadence["cadence"],
+               "configured_share": int(share) / 100 if share else None,
+               "achieved_share": line.cadence["cadence"],
+               "long_prompt_completed": line.cadence["long_prompt_completed"],
+               "yield_lines": len([ln for ln in line.dsv41_lines(adapter) if "yielded" in ln])}
+        decisions = rank_decisions(line)
+        if len(decisions) > 1:
+            out["decisions_alike_on_ranks"] = len({tuple(v) for v in decisions.values()}) == 1
+        return out
+    if adapter == "autotune_keep":
+        agreement = {r: v for r, v in rank_agreement(line).items() if v}
+        if len(agreement) > 1:
+            return {"agreement_rounds": agreement,
+                    "alike_on_ranks": len({tuple(v) for v in agreement.values()}) == 1,
+                    "lines": len([ln for ln in line.dsv41_lines(adapter) if " installed:" not in ln])}
+        return {}
     if adapter == "swa_thin" and line.idle and control.idle:
         return {"idle_resume_cached_control": control.idle["resume"].cached_tokens,
                 "idle_resume_cached_line": line.idle["resume"].cached_tokens,
@@ -276,11 +314,15 @@ def _effect(adapter: str, line: ConfigRun, control: ConfigRun) -> dict:
 
 
 def _effect_failed(adapter: str, effect: dict) -> Optional[str]:
-    """An adapter whose measured effect is the contract itself (input_guard: 400, still serving)."""
+    """An adapter whose measured effect is the contract itself (input_guard: 400, still serving;
+    more than one rank: the ranks decided alike)."""
     if adapter == "input_guard" and effect and not (
             effect["line_status"] == 400 and effect["line_served_after"]):
         return (f"input_guard: the bad request got {effect['line_status']}, served after: "
                 f"{effect['line_served_after']} (expected 400 and served)")
+    for flag in ("decisions_alike_on_ranks", "alike_on_ranks"):
+        if effect.get(flag) is False:
+            return f"{adapter}: the ranks decided differently ({flag})"
     return None
 
 
@@ -365,18 +407,32 @@ def main(args, run: Callable = run_config) -> int:
     models = ["dense", "swa"] if args.model == "both" else [args.model]
     phases = 2 * len(models)
     step = 0
+    nodes = int(getattr(args, "nodes", 1) or 1)
+    topology = {}
+    if nodes > 1:
+        # The cluster's topology, one TP rank per node, on this machine: both lines boot as
+        # --tp-size N over N launch processes; each runs the autotune agreement over its TP group.
+        line_args = dict(line_args, **{"--tp-size": str(nodes)})
+        control_args = dict(control_args, **{"--tp-size": str(nodes)})
+        for name in [n for n in ignored if n.startswith(("--tp-size", "--nnodes"))]:
+            ignored[name] = f"booted as --tp-size {nodes} over {nodes} nodes on 127.0.0.1 (--nodes {nodes})"
+        agree = pathlib.Path(tempfile.mkdtemp(prefix="dsv41-canary-autotune-"))
+        topology = {"nodes": nodes, "agree_dir": agree}
 
     def progress(msg: str) -> None:
         print(f"[canary {time.monotonic() - began:5.0f}s] {msg}", file=sys.stderr, flush=True)
 
     report = {"profile": str(args.profile), "line": args.line, "against": args.against,
-              "ignored": ignored, "models": {}}
+              "ignored": ignored, "nodes": nodes, "models": {}}
     for model in models:
         runs = {}
         for label, k, a in (("control", control_keys, control_args), ("line", line_keys, line_args)):
             step += 1
+            extra = {} if not topology else {
+                "nodes": nodes, "extra_env": {AGREE_ENV: str(topology["agree_dir"] / f"{model}-{label}")}}
             runs[label] = run(model, k, a, progress=progress,
-                              name=f"{step}/{phases} {model} {label if label == 'control' else args.line}")
+                              name=f"{step}/{phases} {model} {label if label == 'control' else args.line}",
+                              **extra)
         report["models"][model] = model_report(model, runs["control"], runs["line"])
     report["ok"] = all(m["ok"] for m in report["models"].values())
     report["elapsed_s"] = round(time.monotonic() - began, 1)

@@ -165,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
                                        "same traffic through both; per-adapter report")
     add_line_args(cn, against="control", what="the line under test")
     add_cpu_model_arg(cn, ["dense", "swa", "both"], "both")
+    cn.add_argument("--nodes", type=int, default=1, metavar="N",
+                    help="boot both lines as the cluster's topology on this machine: --tp-size N "
+                         "over N launch processes (--nnodes N on 127.0.0.1) (default 1)")
     cn.add_argument("--json", action="store_true", help="print the report as JSON")
     cn.set_defaults(func=cmd_canary)
     cal = sub.add_parser("calibrate", help="fit decode yield's cost model to an engine's own "

@@ -1,9 +1,19 @@
-"""More than one rank: the production keys at --tp-size 2 on CPU (gloo process groups). Ranks
-that decided differently would hang or diverge; here both ranks log the same decisions."""
+"""The production topology on one machine: the cluster runs one TP rank per node (`--tp-size 4
+--nnodes 4`); here the production line boots as `--tp-size 2 --nnodes 2`, two launch processes
+on 127.0.0.1 (`--dist-init-addr`, `--node-rank 0/1`; adapter/cpu/server.py `nodes=2`), the TP
+group over gloo between them. Ranks that decided differently would hang or diverge; here:
+- every rank of both nodes logs its receipts (input_guard in node 0's launcher, which alone
+  runs the tokenizer manager);
+- both ranks log the same decode-yield decisions;
+- autotune_keep's rank agreement runs across the two nodes (the harness's
+  DSV41CPU_AUTOTUNE_AGREE: the engine's own exchange over the TP group, three rounds: first
+  boot, caches kept on both, node 1's cache corrupted so both drop);
+- T=0 outputs equal the single-rank stock boot's.
+One boot (it replaced the single-node TP2 boot); the stock boot is the session's shared one."""
 import re
 
 from adapter.table import ADAPTERS
-from adapter.tools import traffic
+from adapter.tools import canary, traffic
 
 from e2e.e2e_configs import PROD_ARGS, PROD_KEYS
 
@@ -14,19 +24,44 @@ def _decisions(run, rank):
             if "[dsv41] decode_yield rid=" in ln]
 
 
-def test_production_keys_at_tp2_install_on_both_ranks_and_agree(boots):
-    run = boots.run("dense", PROD_KEYS, {**PROD_ARGS, "--tp-size": "2"}, name="dense production tp2")
+def _agreement(run, rank):
+    """(round, cache kept|absent) per agreement round the rank logged, and its autotune_keep lines."""
+    rounds = [tuple(m.groups()) for ln in run.lines(f"sglang::scheduler_TP{rank}")
+              for m in [re.search(r"autotune agreement round (\d) rank (\d): cache (\w+)", ln)] if m]
+    keep = [ln for ln in run.dsv41_lines("autotune_keep", f"sglang::scheduler_TP{rank}")
+            if " installed:" not in ln]
+    return rounds, keep
+
+
+def test_production_line_on_two_nodes_agrees_across_them_and_equals_stock(boots, tmp_path):
+    run = canary.run_config("dense", PROD_KEYS, {**PROD_ARGS, "--tp-size": "2"}, nodes=2,
+                            scenarios=("equality", "cadence"), name="dense production 2 nodes",
+                            extra_env={"DSV41CPU_AUTOTUNE_AGREE": str(tmp_path / "autotune")},
+                            progress=lambda msg: print(f"[e2e] {msg}"))
     assert not run.errors, run.errors
     for adapter in ADAPTERS:
         installed = run.installed_in(adapter)
-        assert installed.get("scheduler_TP0") and installed.get("scheduler_TP1"), (adapter, installed)
+        if canary.install_process(adapter) == "launcher":
+            assert installed.get("launcher"), (adapter, installed)
+        else:
+            assert installed.get("scheduler_TP0") and installed.get("scheduler_TP1"), (adapter, installed)
+    # the two schedulers are children of two launch processes (two nodes)
+    assert any(role.startswith("node 1 launcher") for role in run.logs)
     tp0, tp1 = _decisions(run, 0), _decisions(run, 1)
     assert tp0 and tp0 == tp1, (tp0, tp1)
     assert run.cadence["long_prompt_completed"]
+    # autotune_keep's agreement, across the nodes: same outcome on both ranks every round
+    (r0, keep0), (r1, keep1) = _agreement(run, 0), _agreement(run, 1)
+    assert [(n, c) for n, _, c in r0] == [(n, c) for n, _, c in r1] == \
+        [("1", "kept"), ("2", "kept"), ("3", "absent")], (r0, r1)
+    assert any(ln.startswith("[dsv41] autotune_keep kept rank_tp0_pp0_dp0.json") for ln in keep0)
+    assert any(ln.startswith("[dsv41] autotune_keep kept rank_tp1_pp0_dp0.json") for ln in keep1)
+    assert any("dropped rank_tp0_pp0_dp0.json: another rank cannot load its cache" in ln for ln in keep0)
     # Same token ids as the single-rank stock server; logprobs move in the last bits because the
-    # two ranks' partial sums are reduced in another order.
+    # two ranks' partial sums are reduced in another order (measured: within 3e-6).
     stock = boots.config("dense", "stock")
     cmp = traffic.compare(stock.records, run.records, tol=1e-3)
     assert cmp.ok, cmp
-    print(f"\nTP2: boot {run.boot_s}s, {len(tp0)} decode_yield decisions on each rank, "
-          f"max logprob diff vs TP1 stock {cmp.max_logprob_diff:.2e}")
+    print(f"\n2 nodes x TP1: boot {run.boot_s}s, {len(tp0)} decode_yield decisions on each rank, "
+          f"agreement rounds {[c for _, _, c in r0]} on both, max logprob diff vs TP1 stock "
+          f"{cmp.max_logprob_diff:.2e}")

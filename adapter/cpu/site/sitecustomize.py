@@ -12,7 +12,9 @@ then runs the next sitecustomize on sys.path: the repo's own, exactly as product
   5. DSV41CPU_STEP_DELAY_MS=<ms> (tests only): the scheduler sleeps before each batch, a planted
      speed regression for `dsv41 gate` (adapter/cpu/step_delay.py);
   6. DSV41CPU_WATCH_IMPORTS=<module>[,<module>] (tests only): when one of them is imported, the
-     process writes "[dsv41-cpu] imported <module> from <file>:<line>" (the importing frame).
+     process writes "[dsv41-cpu] imported <module> from <file>:<line>" (the importing frame);
+  7. DSV41CPU_AUTOTUNE_AGREE=<dir> (tests only): each scheduler runs the engine's autotune cache
+     agreement over its TP group once it is up (adapter/cpu/autotune_agree.py).
 Failures end the process loudly: `site` would swallow them.
 """
 import os
@@ -52,6 +54,10 @@ def _arm():
 
         step_delay.delay_s()        # a bad value ends the process here, not in the scheduler
         wrapt.register_post_import_hook(step_delay.apply, step_delay.MODULE)
+    if os.environ.get("DSV41CPU_AUTOTUNE_AGREE"):
+        from adapter.cpu import autotune_agree
+
+        wrapt.register_post_import_hook(autotune_agree.apply, autotune_agree.MODULE)
     for name in filter(None, os.environ.get("DSV41CPU_WATCH_IMPORTS", "").split(",")):
         wrapt.register_post_import_hook(_report_import, name)
 
