@@ -360,3 +360,59 @@ def test_the_move_goes_through_a_cores_binding(monkeypatch):
     # A node that left the tree: the fallback, order unchanged.
     assert swa_thin.move_passed_checkpoint(cache, 3, 99) == (0, 0)
     assert core.calls == [[3, 2]]
+
+
+@pytest.mark.parametrize("page", [1, 4])
+def test_limited_and_short_keys_match_as_the_python_core(install_adapters, page):
+    """Page 1 keeps a match key's `limit` (page_aligned returns the key itself): thin's walks read
+    below it exactly as the engine's; every prefix length and limit, on two shared-prefix chains."""
+    from adapter import swa_thin
+    from adapter.cpu import cpu_engine
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    install_adapters({})
+    swa_thin._register_core()
+
+    def build(backend):
+        cpu = cpu_engine.build_swa_cache(full_tokens=page * 512, swa_tokens=page * 256, page_size=page,
+                                         window=4 * page, backend=backend, req_slots=4,
+                                         max_context_len=page * 256)
+        cache = cpu.cache
+        base = list(range(100, 100 + 24 * page))
+        for seq in (base, base[: 8 * page] + list(range(900, 900 + 12 * page)), base + [7] * (4 * page)):
+            value = cpu.alloc(len(seq))
+            cache.insert(InsertParams(key=RadixKey(array("q", seq)), value=value))
+        return cache, base
+
+    (thin, base), (engine, _) = build("dsv41_thin"), build("python")
+    assert type(thin.tree_core).__name__ == "ThinTreeCore"
+    for n in range(0, len(base) + 4 * page + 1, max(1, page // 2)):
+        for limit in (None, n // 2, max(0, n - 1), n + 3):
+            seq = (base + [7] * (4 * page))[:n] + [5]
+            got = [c.match_prefix(MatchPrefixParams(key=RadixKey(array("q", seq), limit=limit)))
+                   for c in (thin, engine)]
+            assert got[0].device_prefix_len == got[1].device_prefix_len, (n, limit)
+            assert _path(thin, got[0].last_device_node) == _path(engine, got[1].last_device_node)
+    assert _tree(thin) == _tree(engine)            # the same splits on the way
+    thin.sanity_check()
+    engine.sanity_check()
+
+
+def _path(cache, node_id):
+    core = cache.tree_core
+    node, out = core.node_by_id(node_id), []
+    while node is not core.root_node:
+        out.append(node.key.token_ids.tobytes())
+        node = node.parent
+    return out
+
+
+def _tree(cache):
+    out, stack = [], [(cache.tree_core.root_node, 0)]
+    while stack:
+        node, depth = stack.pop()
+        out.append((depth, node.key.token_ids.tobytes()))
+        stack.extend((c, depth + 1) for c in sorted(node.children.values(),
+                                                      key=lambda c: c.key.token_ids.tobytes()))
+    return out

@@ -19,8 +19,9 @@ changes:
 - Lock / unlock: the Full path walk inlined (no per-node method calls, `shape[0]` for the value
   length, one ledger update per walk), and the evictable-leaf-set update without generators.
 Each fast path runs only where the engine's own code would do exactly the same: plain keys (no
-bigram / EAGLE keys, no `limit`, array token ids), the engine's own FullComponent / SWAComponent
-classes (a subclass may redefine what a path does), no HiCache device/host split in a match.
+bigram / EAGLE keys, array token ids; a node key with a `limit` is compared by the engine), the
+engine's own FullComponent / SWAComponent classes (a subclass may redefine what a path does), no
+HiCache device/host split in a match.
 Anything else goes to the engine's method.
 
 It also exposes `demote_swa_lru(node_ids)`, the binding thin proposes upstream
@@ -94,7 +95,9 @@ class ThinTreeCore(UnifiedTreeCore):
         return ck.match_at(key, off, page_size=self.page_size)
 
     def _plain(self, key) -> bool:
-        return self._plain_walk and not key.is_bigram and key.limit is None and type(key.token_ids) is array
+        """A key the page compares may read: token ids in an array, no bigram view. (A `limit` on
+        it is fine: the walks read it only below len(key), which honours the limit.)"""
+        return self._plain_walk and not key.is_bigram and type(key.token_ids) is array
 
     # ---- insert walk: offset instead of slices ----------------------------------------------
     # state.key stays the whole (page-aligned) insert key; the walk's position in it is
