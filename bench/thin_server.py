@@ -15,13 +15,16 @@ each stopped before the next boots. On each:
 Also the scheduler process's CPU time per short request (psutil), which the load of other work
 on the machine moves less than wall time.
   deep      (own boots, `--deep-order`: a pool for long contexts, `--deep-total-tokens`, same SWA
-            share) agent sessions grown turn by turn to near the model's context length (32K):
-            `--deep-sessions` sessions interleaved (one request each in flight), each a
-            `--deep-first`-token prompt, then turns of `--deep-turn` new tokens + the previous
-            output, chunked at `--deep-chunk` tokens, so every turn passes many checkpoints at a
-            depth that grows to ~30K: requests/s and scheduler CPU per request, where the tree
-            core's cost shows (the stock core is Rust; thin's its own, the engine's Python core
-            before issue 25).
+            share) agent sessions grown turn by turn: `--deep-sessions` sessions interleaved (one
+            request each in flight), each a `--deep-first`-token prompt, then turns of
+            `--deep-turn` new tokens + the previous output, chunked at `--deep-chunk` tokens, so
+            every turn passes several checkpoints at a growing depth, until `--deep-context`:
+            requests/s and scheduler CPU per request (the stock core is Rust; thin's its own, the
+            engine's Python core before issue 25). The model's context is 32K, but the CPU
+            harness's prefill is quadratic in the context per chunk (torch_native extend runs a
+            causal SDPA over the whole context: a 256-token chunk at 4K 0.6 s, at 8K 2.5 s; a cold
+            8K prompt 22 s), so the defaults stop at 6K to keep a boot near two minutes; raise
+            --deep-context for deeper trees at that price.
 Printed: per boot, then thin vs stock as ratios of the means over each variant's boots (the
 spread: each boot's value), and one line `thin/stock deep: requests/s X; scheduler CPU per
 request Y`, with the goal (scheduler CPU per request thin/stock <= 1.05) met or missed. Boots take
@@ -216,12 +219,12 @@ def main(argv=None) -> int:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--deep-order", default="stock,thin,stock,thin", help="deep boots in this order")
     ap.add_argument("--deep-sessions", type=int, default=3)
-    ap.add_argument("--deep-first", type=int, default=4000, help="first prompt of a session (tokens)")
-    ap.add_argument("--deep-turn", type=int, default=2000, help="new tokens per turn")
+    ap.add_argument("--deep-first", type=int, default=2000, help="first prompt of a session (tokens)")
+    ap.add_argument("--deep-turn", type=int, default=500, help="new tokens per turn")
     ap.add_argument("--deep-out", type=int, default=8, help="output tokens per turn")
-    ap.add_argument("--deep-context", type=int, default=30000, help="a session stops before this")
-    ap.add_argument("--deep-chunk", type=int, default=256, help="--chunked-prefill-size of deep boots")
-    ap.add_argument("--deep-total-tokens", type=int, default=131072,
+    ap.add_argument("--deep-context", type=int, default=6000, help="a session stops before this")
+    ap.add_argument("--deep-chunk", type=int, default=128, help="--chunked-prefill-size of deep boots")
+    ap.add_argument("--deep-total-tokens", type=int, default=65536,
                     help="--max-total-tokens of deep boots")
     args = ap.parse_args(argv)
     scenarios = set(args.scenarios.split(","))
