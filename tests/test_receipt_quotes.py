@@ -53,17 +53,25 @@ TEMPLATES = _source_templates()
 
 def _pieces(quote: str) -> list[str]:
     """Literal pieces of a quote: placeholders, numbers and engine names (values) split it."""
-    return [p for p in re.split(r"sglang\.[\w.:]+|\d+|…|\.\.\.|<[^<>\s]+>", quote)
+    return [p for p in re.split(r"sglang\.[\w.:]+|\b\d+\b|…|\.\.\.|<[^<>\s]+>", quote)
             if len(p.strip()) >= 3]
+
+
+def _piece_regex(piece: str):
+    """A quote piece as a regex over a template: each word matches itself or a hole (a value
+    the code fills in, e.g. a core's name); everything else matches itself."""
+    parts = re.split(r"(\w+)", piece.strip())
+    return re.compile("".join(f"(?:{re.escape(p)}|\0)" if i % 2 else re.escape(p)
+                              for i, p in enumerate(parts) if p))
 
 
 def _in_order(pieces, template) -> bool:
     at = 0
     for piece in pieces:
-        at = template.find(piece.strip(), at)
-        if at < 0:
+        m = _piece_regex(piece).search(template, at)
+        if m is None:
             return False
-        at += len(piece.strip())
+        at = m.end()
     return True
 
 

@@ -25,7 +25,7 @@ def test_canary_production_against_control_exits_0_with_the_figures(boots, capsy
         assert m["equality"]["equal"] == m["equality"]["total"] > 0
         for name in ADAPTERS:
             a = m["adapters"][name]
-            assert a["enabled"] and a["installed"]["scheduler"], (model, name, a)
+            assert a["enabled"] and a["installed"][canary.install_process(name)], (model, name, a)
             assert set(a) >= {"installed", "receipts", "fallbacks", "equality", "effect"}
     dense, swa = report["models"]["dense"]["adapters"], report["models"]["swa"]["adapters"]
     # decode yield acted (its receipt lines); the cadences are reported, not ordered: time

@@ -40,7 +40,7 @@ import time
 import pytest
 import requests
 
-from adapter.cpu.server import CpuServer, output_of
+from adapter.cpu.server import CpuServer
 from adapter.tools import traffic
 
 from e2e.e2e_configs import CTRL_ARGS, PROD_ARGS, PROD_KEYS

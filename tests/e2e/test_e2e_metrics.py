@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from adapter import __version__, metrics
 from adapter.table import ADAPTERS
+from adapter.tools import canary
 from e2e.e2e_configs import REPO_ROOT
 
 WATCH = "prometheus_client"
@@ -43,6 +44,12 @@ class Scraped:
 
     def scheduler_lines(self):
         return [ln for role, text in self.logs.items() if role.startswith("sglang::scheduler")
+                for ln in text.splitlines()]
+
+    def process_lines(self, process):
+        """Lines of the scheduler(s) or of the launcher (canary.install_process names them)."""
+        prefix = "sglang::scheduler" if process == "scheduler" else "launcher"
+        return [ln for role, text in self.logs.items() if role.startswith(prefix)
                 for ln in text.splitlines()]
 
     def all_lines(self):
@@ -90,10 +97,13 @@ def _check_against_receipts(run: Scraped):
     ours = {k: v for k, v in run.samples.items() if k[0].startswith("dsv41_")}
     for (name, labels), _ in ours.items():
         if name != "dsv41_adapter_installed":
-            assert dict(labels)["tp_rank"] == "0", (name, labels)
-    # installed gauge: one per adapter, 1 exactly where the scheduler logged "installed"
+            # input_guard counts in the launcher (no TP rank there); the others in the scheduler
+            launcher = name.startswith("dsv41_input_guard") or dict(labels).get("adapter") == "input_guard"
+            assert dict(labels)["tp_rank"] == ("" if launcher else "0"), (name, labels)
+    # installed gauge: one per adapter, 1 exactly where the process it acts in logged "installed"
     for adapter in ADAPTERS:
-        logged = any(f"[dsv41] {adapter} installed:" in ln for ln in lines)
+        logged = any(f"[dsv41] {adapter} installed:" in ln
+                     for ln in run.process_lines(canary.install_process(adapter)))
         assert logged, adapter               # the production keys enable every adapter
         # a gauge set to 1 and read back from Prometheus text: no arithmetic, but a float all the same
         assert run.value("dsv41_adapter_installed", adapter=adapter, version=__version__) == pytest.approx(1.0, abs=1e-9)
@@ -110,7 +120,7 @@ def _check_against_receipts(run: Scraped):
     assert run.value("dsv41_decode_yield_steps_run_total", tp_rank="0") == ran
     assert sum(run.series("dsv41_decode_yield_early_ends_total").values()) == early
     # fallbacks: the (adapter, reason) pairs counted are exactly the logged ones (each logged once)
-    logged = {m.groups() for ln in lines for m in [FALLBACK_LINE.search(ln)] if m}
+    logged = {m.groups() for ln in run.all_lines() for m in [FALLBACK_LINE.search(ln)] if m}
     counted = {(dict(l)["adapter"], dict(l)["reason"]): v
                for l, v in run.series("dsv41_fallbacks_total").items()}
     assert set(counted) == logged and all(v >= 1 for v in counted.values()), (counted, logged)
@@ -146,8 +156,8 @@ def test_dense_series_match_the_receipts(dense):
 def test_swa_series_match_the_receipts(swa):
     cores, counted, _ = _check_against_receipts(swa)
     lines = swa.scheduler_lines()
-    assert cores == {"python": 1.0}
-    assert sum("[dsv41] swa_thin tree core: python instead of rust" in ln for ln in lines) == 1
+    assert cores == {"dsv41_thin": 1.0}      # thin's own tree core (adapter/swa_thin/core.py)
+    assert sum("[dsv41] swa_thin tree core: dsv41_thin instead of rust" in ln for ln in lines) == 1
     inserts = swa.value("dsv41_swa_thin_hooked_inserts_total", tp_rank="0")
     passed = swa.value("dsv41_swa_thin_checkpoints_passed_total", tp_rank="0")
     moved = swa.value("dsv41_swa_thin_nodes_moved_total", tp_rank="0")
