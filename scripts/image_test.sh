@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
-if ! "$PY" -c "import pytest, hypothesis, matplotlib" 2>/dev/null; then
+if ! "$PY" -c "import pytest, xdist, hypothesis, matplotlib" 2>/dev/null; then
     tools=$(mktemp -d)
     trap 'rm -rf "$tools"' EXIT
     "$PY" -m pip install -q --disable-pip-version-check --no-deps --target "$tools" \
@@ -20,5 +20,5 @@ if ! "$PY" -c "import pytest, hypothesis, matplotlib" 2>/dev/null; then
     export PYTHONPATH="$tools${PYTHONPATH:+:$PYTHONPATH}"
 fi
 start=$(date +%s)
-"$PY" -m pytest -q -p no:cacheprovider tests --ignore=tests/e2e "$@"
+"$PY" -m pytest -q -p no:cacheprovider -n "${DSV41_TEST_WORKERS:-2}" tests --ignore=tests/e2e "$@"
 echo "[image test] unit suite in $(( $(date +%s) - start )) s"

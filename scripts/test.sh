@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# The test command (README, .ci/run, and the canary images' last build step).
-# PYTHON defaults to the repo's .venv; the images set it to their own interpreter.
+# The test command (README). Hadolint, then the unit suite (tests/ without tests/e2e) on two
+# pytest-xdist workers (DSV41_TEST_WORKERS), then tests/e2e serially: its real CPU servers are
+# shared between tests through one session and would only fight over the 2 cores in parallel.
+# DSV41_TESTS=e2e runs the e2e part only (.ci/run, after scripts/image_test.sh ran the unit part).
+# PYTHON defaults to the repo's .venv. Extra arguments go to both pytest runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 scripts/lint_dockerfiles.sh
-"$PY" -m pytest -q -p no:cacheprovider tests "$@"
+if [ "${DSV41_TESTS:-all}" != "e2e" ]; then
+    "$PY" -m pytest -q -p no:cacheprovider -n "${DSV41_TEST_WORKERS:-2}" tests --ignore=tests/e2e "$@"
+fi
+"$PY" -m pytest -q -p no:cacheprovider tests/e2e "$@"
