@@ -80,15 +80,17 @@ class Counts(collections.Counter):
 
     adapter: str | None = None
 
-    def __setitem__(self, key, value):
+    def __setitem__(self, key, value, _set=dict.__setitem__):
+        # dict's own __setitem__ bound as a default: no super() lookup on the hot path (swan's
+        # router counts every served call).
         if _sinks and self.adapter is not None:
             delta = value - self.get(key, 0)
-            super().__setitem__(key, value)
+            _set(self, key, value)
             if delta > 0:
                 for sink in _sinks:
                     sink(self.adapter, key, delta)
         else:
-            super().__setitem__(key, value)
+            _set(self, key, value)
 
 
 class _ByAdapter(dict):

@@ -13,9 +13,12 @@ of the production shapes (q [rows, 1, heads, 512] bf16, the 256-token SWA pool v
 [rows, 1, 128], the compressed cache with 512 extra candidates, lengths, sink). CPU tensors are
 not served by routing (`tensors on cpu`), so each variant is given the verdict of the call's
 CUDA twin (the same facts on an sm_121 device, routed by the real route()):
-  * after: the installed router (adapter/swan/__init__.py: entry_reason, decode_key, one dict
-    lookup), its decision for this call's key taken from the twin (what the first call of the key
-    leaves behind); this is the steady state of every served call;
+  * after: the installed router's hook (adapter/swan/__init__.py, called as the engine's wrapper
+    calls it: hook(original, **kwargs)): one native lookup (runtime/swan256/router_key.cpp, the
+    module's router key, built by scripts/build_swan.sh: the call's exact metadata key and the
+    decision kept for it), the engine's backend, the served count, the kernel's run; its decision
+    for this call's key taken from the twin (what the first call of the key leaves behind); this
+    is the steady state of every served call;
   * before: the router's per-call path before issue 24.5 (commit 9968fa7), copied here: describe
     the call in full (describe_call), route the twin's facts (what route() costs on a served
     call), key the plan cache on dataclasses.astuple(facts), count, run. describe_call and
@@ -24,6 +27,11 @@ CUDA twin (the same facts on an sm_121 device, routed by the real route()):
 Both in one process, interleaved rounds, medians. Printed: per served call, per forward of 43
 layers, the ratio, the parts of each path, and the cost of one torch metadata read (q.shape) in
 the same run, so the figures can be read on another machine as a count of such reads.
+
+The `router:` line is the router's own cost: the hook's time less a keyword call of a function
+with the stock entry's signature (`def entry(**kwargs)`) given the same ten arguments, which the
+engine pays on every call of `flash_mla_with_kvcache_sm120(**kwargs)` with or without swan (the
+hook wrapper's own toll is bench/hook_overhead.py's). The hook's full time is printed beside it.
 """
 from __future__ import annotations
 
@@ -149,8 +157,11 @@ def main(argv=None) -> int:
     sys.modules.setdefault(swan.ENGINE_MODULE, engine)
     ctx = types.SimpleNamespace(counters=receipts.counters[swan.NAME],
                                 fallback=lambda reason: receipts.fallback(swan.NAME, reason))
+    # The built module's native key (scripts/build_swan.sh); the rest of the module is stood in.
+    built = swan.verify_module(swan.module_dir(), swan.installed_flashinfer_version())
+    native = swan.load_router_key(built)
     info = swan.ModuleInfo(pathlib.Path("."), pathlib.Path("swan256.so"), "0" * 64, "0.7.2",
-                           ("sm_120a", "sm_121a"), swan.HEAD_KERNELS, {})
+                           ("sm_120a", "sm_121a"), swan.HEAD_KERNELS, {}, built.router_key_path)
     kw = engine_call(args.rows, args.heads)
     facts = swan.describe_call((), kw, "flashinfer")
     twin = cuda_twin(facts)
@@ -158,23 +169,28 @@ def main(argv=None) -> int:
     assert swan.route(twin, caps) is None, swan.route(twin, caps)
     assert swan.route(facts, caps) == "tensors on cpu, not CUDA"
 
-    after = swan._Router(ctx, info, StandInKernel())
+    after = swan._Router(ctx, info, StandInKernel(), native)
     after.first_served = True              # the receipt line of the first served call is not timed
     q = kw["q"]
-    after._decisions[swan.decode_key(q.shape, kw)] = _served_decision(after, twin, kw)
+    slot, key = native.lookup(kw, {})     # the miss the first call of this key on GB10 meets
+    after._native_decisions[slot] = (key, _served_decision(after, twin, kw))
     before = BeforeRouter(ctx, caps, StandInKernel(), twin)
+
+    def entry(**kwargs):                  # the stock entry's signature: what any call of it costs
+        return None
 
     def original(*a, **k):
         raise AssertionError("a served call reached the stock entry")
 
     served_before = receipts.counters[swan.NAME]["served"]
     variants = {
-        "after": lambda: after(original, **kw),
+        "after": lambda: after.hook(original, **kw),       # what the engine's wrapper calls
         "before": lambda: before(original, **kw),
     }
     parts = {
-        "entry_reason": lambda: swan.entry_reason(False, after.backend(), True, q.shape[0]),
-        "decode_key": lambda: swan.decode_key(q.shape, kw),
+        "native lookup": lambda: native.lookup(kw, after._native_decisions),
+        "keyword call": lambda: entry(**kw),
+        "python decode_key": lambda: swan.decode_key(q.shape, kw),
         "describe_call": lambda: swan.describe_call((), kw, "flashinfer"),
         "route(served)": lambda: swan.route(twin, caps),
         "astuple(facts)": lambda: dataclasses.astuple(facts),
@@ -194,7 +210,9 @@ def main(argv=None) -> int:
     served = receipts.counters[swan.NAME]["served"] - served_before
     assert served == 2 * args.rounds * args.calls, served     # every timed call was served
     attr_us = med["q.shape"]
+    own = med["after"] - med["keyword call"]
     report = {
+        "router_us": round(own, 2), "router_per_forward_us": round(own * LAYERS, 1),
         "rows": args.rows, "heads": args.heads, "rounds": args.rounds, "calls": args.calls,
         "torch": torch.__version__, "python": sys.version.split()[0],
         "median_us": {k: round(v, 3) for k, v in med.items()}, "loop_us": round(empty, 3),
@@ -208,9 +226,12 @@ def main(argv=None) -> int:
                                                      if k not in variants))
     print(f"before: {med['before']:.2f} us per served call, {med['before'] * LAYERS:.0f} us per "
           f"forward of {LAYERS} layers")
-    print(f"router: {med['after']:.2f} us per served call ({med['after'] * LAYERS:.0f} us per forward "
-          f"of {LAYERS} layers; before/after {report['before_over_after']}x; "
-          f"= {report['after_in_q_shape_reads']} x the cost of one q.shape read here)")
+    print(f"after: {med['after']:.2f} us per served call through the hook ({med['after'] * LAYERS:.0f} us "
+          f"per forward of {LAYERS} layers; before/after {report['before_over_after']}x; = "
+          f"{report['after_in_q_shape_reads']} x the cost of one q.shape read here)")
+    print(f"router: {own:.2f} us per served call ({own * LAYERS:.0f} us per forward of {LAYERS} layers; "
+          f"the hook's {med['after']:.2f} us less {med['keyword call']:.2f} us, the engine's keyword "
+          f"call of the entry)")
     if args.json_out:
         pathlib.Path(args.json_out).write_text(json.dumps(report, indent=1) + "\n")
     return 0

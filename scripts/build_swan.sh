@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the swan256 decode module (runtime/swan256) into runtime/build/swan256/ (git-ignored):
-# swan256.so + manifest.json, for sm_120a and sm_121a (SWAN_ARCHS="sm_121a" narrows it, as the
+# swan256.so + its router key (host C++, runtime/swan256/router_key.cpp) + manifest.json,
+# for sm_120a and sm_121a (SWAN_ARCHS="sm_121a" narrows it, as the
 # canary images do), against the installed FlashInfer, then verify the manifest and sha256 the
 # way the adapter does at load. The compiler: CUDA_HOME if set, else the pinned CUDA 13.0 wheels
 # of requirements/cuda-build.lock in the interpreter (scripts/setup.sh installs them into .venv),
@@ -20,5 +21,7 @@ from adapter import swan
 info = swan.verify_module(swan.module_dir(), swan.installed_flashinfer_version())
 print(f"[swan] verified {info.so_path.name} sha256 {info.sha256[:16]} "
       f"FlashInfer {info.flashinfer_version} archs {','.join(info.archs)} "
-      f"(toolkit: {info.manifest.get('toolkit', 'PATH')}, nvcc {info.manifest.get('nvcc')})")
+      f"(toolkit: {info.manifest.get('toolkit', 'PATH')}, nvcc {info.manifest.get('nvcc')}); "
+      f"router key {info.router_key_path.name} sha256 {info.manifest['router_key']['sha256'][:16]} "
+      f"torch {info.manifest['router_key']['torch_version']}")
 PYEOF

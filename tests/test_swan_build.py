@@ -132,7 +132,7 @@ def test_installed_flashinfer_takes_a_run_time_dsv4_page_size():
 
 def test_sources_are_ours_flashinfer_is_a_dependency(tmp_path):
     ours = {p.name for p in (REPO / "runtime/swan256").iterdir() if p.is_file()}
-    assert ours == {"swan256.cu", "build.py", "reference.py", "README.md", "__init__.py"}
+    assert ours == {"swan256.cu", "router_key.cpp", "build.py", "reference.py", "README.md", "__init__.py"}
     if TOOLKIT is None:
         pytest.skip("no CUDA toolkit: build.ninja is not generated without one")
     proc = subprocess.run([sys.executable, str(REPO / "runtime/swan256/build.py"),
@@ -162,7 +162,13 @@ def test_built_module_matches_its_manifest():
     assert "-gencode=arch=compute_121a,code=sm_121a" in manifest["build_flags"]
     assert set(manifest["sources"]) == {"runtime/swan256/swan256.cu",
                                         "flashinfer:csrc/sparse_mla_sm120/attention_resolve.cu"}
-    swan.verify_module(MODULE, swan.installed_flashinfer_version())   # what install() runs
+    key = manifest["router_key"]        # the router's native key: host code against this torch
+    assert swan.sha256_file(MODULE / key["so"]) == key["sha256"]
+    assert key["source_sha256"] == swan.sha256_file(REPO / "runtime/swan256/router_key.cpp")
+    assert key["torch_version"] == swan.module.installed_torch_version()
+    assert f"-DSWAN_DECODE_MAX_TOKENS={swan.DECODE_MAX_TOKENS}" in key["flags"]
+    info = swan.verify_module(MODULE, swan.installed_flashinfer_version())   # what install() runs
+    assert info.router_key_path == MODULE / key["so"] and callable(swan.load_router_key(info).lookup)
     # built with the toolkit this interpreter's build picks (setup: the pinned wheels)
     assert manifest["nvcc"] == "13.0" and manifest.get("toolkit", "PATH") == TOOLKIT[1]
 

@@ -7,21 +7,9 @@ import shutil
 import pytest
 
 from adapter import keys, swan
+from swan_module_dir import write_module
 
 BUILT = swan.DEFAULT_MODULE_DIR / "manifest.json"
-
-
-def write_module(directory: pathlib.Path, payload=b"\x7fELF" + bytes(range(256)) * 8, **overrides):
-    directory.mkdir(parents=True, exist_ok=True)
-    so = directory / "swan256.so"
-    so.write_bytes(payload)
-    manifest = {"schema": 1, "module_tag": "swan256", "so": so.name, "sha256": swan.sha256_file(so),
-                "size_bytes": len(payload), "page_tokens": 256, "page_stride_bytes": 149760,
-                "flashinfer_version": swan.installed_flashinfer_version(),
-                "archs": ["sm_120a", "sm_121a"], "heads": [8, 16, 32, 64, 128, 0]}
-    manifest.update(overrides)
-    (directory / "manifest.json").write_text(json.dumps(manifest))
-    return directory
 
 
 def test_pinned_flashinfer_is_the_engine_pin():
@@ -31,6 +19,7 @@ def test_pinned_flashinfer_is_the_engine_pin():
 def test_verify_accepts_a_matching_module(tmp_path):
     info = swan.verify_module(write_module(tmp_path), "0.7.2")
     assert info.sha256 == swan.sha256_file(tmp_path / "swan256.so")
+    assert info.router_key_path.parent == tmp_path and info.router_key_path.exists()
     assert info.archs == ("sm_120a", "sm_121a") and 0 in info.heads
 
 
@@ -42,6 +31,10 @@ def test_verify_accepts_a_matching_module(tmp_path):
     ("other tag", "not a swan256 manifest"),
     ("other page", "serves pages of 64 tokens"),
     ("bad json", "unreadable"),
+    ("no router key", "records no router key"),
+    ("router key missing", "the router key"),
+    ("router key tampered", "the router key is not the one that was built"),
+    ("router key of another torch", "built against torch 2.12.0"),
 ])
 def test_verify_refuses(tmp_path, case, expected):
     d = write_module(tmp_path)
@@ -62,6 +55,16 @@ def test_verify_refuses(tmp_path, case, expected):
         write_module(d, page_tokens=64, page_stride_bytes=37440)
     elif case == "bad json":
         manifest.write_text("{not json")
+    elif case == "no router key":
+        write_module(d, router_key=None)
+    elif case == "router key missing":
+        (d / json.loads(manifest.read_text())["router_key"]["so"]).unlink()
+    elif case == "router key tampered":
+        key = d / json.loads(manifest.read_text())["router_key"]["so"]
+        key.write_bytes(key.read_bytes() + b"\x00")
+    elif case == "router key of another torch":
+        entry = json.loads(manifest.read_text())["router_key"]
+        write_module(d, router_key=dict(entry, torch_version="2.12.0"))
     with pytest.raises(swan.ModuleError, match=expected.replace("(", r"\(").replace(")", r"\)")):
         swan.verify_module(d, "0.7.2")
 

@@ -6,13 +6,13 @@ only thing that cannot exist here). The hook itself is tested through the produc
 on the real engine entry `flash_mla_with_kvcache_sm120`.
 """
 import dataclasses
-import json
 import logging
 
 import pytest
 import torch
 
 from adapter import swan
+from swan_module_dir import write_module
 
 POOL_PAGES = 5
 
@@ -139,14 +139,9 @@ def test_tactic_must_match_the_stock_plan():
 
 @pytest.fixture
 def fake_module(tmp_path, monkeypatch):
-    """A module directory that passes verify_module (a stand-in .so: nothing loads it on CPU)."""
-    so = tmp_path / "swan256.so"
-    so.write_bytes(b"\x7fELF stand-in for tests " * 64)
-    manifest = {"schema": 1, "module_tag": "swan256", "so": so.name, "sha256": swan.sha256_file(so),
-                "page_tokens": 256, "page_stride_bytes": 149760,
-                "flashinfer_version": swan.installed_flashinfer_version(),
-                "archs": ["sm_120a", "sm_121a"], "heads": [8, 16, 32, 64, 128, 0]}
-    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    """A module directory that passes verify_module (a stand-in .so: nothing loads it on CPU; the
+    real router key)."""
+    write_module(tmp_path, b"\x7fELF stand-in for tests " * 64)
     monkeypatch.setenv(swan.MODULE_DIR_ENV, str(tmp_path))
     return tmp_path
 
@@ -300,7 +295,152 @@ def test_router_describes_a_decode_shape_once(install_adapters, fake_module, mon
     m.flash_mla_with_kvcache_sm120(**_real_call(rows=3))
     for rows in (65, 66, 67):
         m.flash_mla_with_kvcache_sm120(**_real_call(rows=rows))
-    assert len(described) == 2 and len(router._decisions) == 2
+    assert len(described) == 2 and router.decisions() == 2
     assert len(stock) == 9                                     # CPU tensors: all stock
     assert receipts.counters["swan"]["fallback:tensors on cpu, not CUDA"] == 6
     assert receipts.counters["swan"]["fallback:more than 64 query rows (engine prefill path)"] == 3
+
+
+# --- the native key (runtime/swan256/router_key.cpp): what the served path reads --------------
+
+@pytest.fixture(scope="module")
+def native_key():
+    from swan_module_dir import built_router_key
+
+    built_router_key()
+    info = swan.verify_module(swan.DEFAULT_MODULE_DIR, swan.installed_flashinfer_version())
+    return swan.load_router_key(info).decode_key
+
+
+def test_one_native_key_means_one_python_key(native_key):
+    """The native key is exact and at least as fine as decode_key: calls with one native key have
+    one Python key (so one route() verdict: test_equal_decode_keys_mean_equal_verdicts), layout-only
+    twins share it, and it declines exactly the calls entry_reason() stops (rows > 64)."""
+    by_native = {}
+    for name, kw in _variants():
+        shape = kw["q"].shape
+        key = native_key(kw)
+        if swan.entry_reason(False, "flashinfer", True, shape[0] if shape else 0) is not None:
+            assert key is None, name
+            continue
+        assert isinstance(key, bytes), name
+        by_native.setdefault(key, []).append((name, swan.decode_key(shape, kw)))
+    for group in by_native.values():
+        assert len({python_key for _, python_key in group}) == 1, [n for n, _ in group]
+    twins = [g for g in by_native.values() if any(n.startswith("twin") for n, _ in g)]
+    assert len(twins) == 1 and len(twins[0]) >= 3
+    assert len(by_native) >= len({k for g in by_native.values() for _, k in g})
+
+
+def _strided_like(t):
+    """Same values and shape, another stride (a transposed copy viewed back)."""
+    return t.transpose(0, -1).contiguous().transpose(0, -1)
+
+
+@pytest.mark.parametrize("change", [
+    "head_dim_v", "q rows", "q heads", "q dtype", "q misaligned", "k_cache stride", "k_cache dtype",
+    "indices width", "indices dtype", "topk_length dtype", "attn_sink dtype", "attn_sink strided",
+    "extra_k_cache pages", "extra_k_cache misaligned", "extra_indices width", "no extra",
+    "extra_topk_length missing",
+])
+def test_native_key_changes_with_every_fact_routing_reads(native_key, change):
+    """Negative controls: a key that left out one of these would serve a call on another call's
+    decision; each one-fact change gives another key (and the Python key agrees it is another)."""
+    base = engine_call()
+    kw = dict(base)
+    if change == "head_dim_v":
+        kw["head_dim_v"] = 256
+    elif change == "q rows":
+        kw = engine_call(rows=5)
+    elif change == "q heads":
+        kw = engine_call(heads=32)
+    elif change == "q dtype":
+        kw["q"] = base["q"].to(torch.float16)
+    elif change == "q misaligned":
+        kw["q"] = _misaligned_q()
+    elif change == "k_cache stride":
+        raw = torch.zeros(POOL_PAGES * (swan.PAGE_STRIDE + 16), dtype=torch.uint8)
+        kw["k_cache"] = raw.as_strided((POOL_PAGES, 256, 1, swan.ROW_BYTES),
+                                       (swan.PAGE_STRIDE + 16, swan.ROW_BYTES, swan.ROW_BYTES, 1))
+    elif change == "k_cache dtype":
+        kw["k_cache"] = base["k_cache"].view(torch.uint8)
+    elif change == "indices width":
+        kw["indices"] = torch.full((4, 1, 192), -1, dtype=torch.int32)
+    elif change == "indices dtype":
+        kw["indices"] = base["indices"].to(torch.int64)
+    elif change == "topk_length dtype":
+        kw["topk_length"] = base["topk_length"].to(torch.int64)
+    elif change == "attn_sink dtype":
+        kw["attn_sink"] = base["attn_sink"].to(torch.bfloat16)
+    elif change == "attn_sink strided":
+        kw["attn_sink"] = torch.zeros(32, dtype=torch.float32)[::2]
+    elif change == "extra_k_cache pages":
+        kw["extra_k_cache"] = _pool(pages=4, page_tokens=64)[1]
+    elif change == "extra_k_cache misaligned":
+        raw = torch.zeros(3 * swan.SPLIT_PAGE_STRIDE + 8, dtype=torch.uint8)
+        kw["extra_k_cache"] = raw[8:].as_strided((3, 64, 1, swan.ROW_BYTES),
+                                                 (swan.SPLIT_PAGE_STRIDE, swan.ROW_BYTES, swan.ROW_BYTES, 1))
+    elif change == "extra_indices width":
+        kw["extra_indices_in_kvcache"] = torch.full((4, 1, 576), -1, dtype=torch.int32)
+    elif change == "no extra":
+        kw = engine_call(extra=False)
+    elif change == "extra_topk_length missing":
+        kw["extra_topk_length"] = None
+    assert native_key(kw) is not None and native_key(kw) != native_key(base)
+    assert swan.decode_key(kw["q"].shape, kw) != swan.decode_key(base["q"].shape, base)
+
+
+@pytest.mark.parametrize("case", ["rows 0", "rows 65", "no q", "no k_cache", "q not a tensor",
+                                  "head_dim_v float", "head_dim_v missing", "sparse indices",
+                                  "q 0-d"])
+def test_native_key_declines_what_the_python_path_decides(native_key, case):
+    """None sends the call to the router's Python path (entry_reason, decode_key): every call
+    the native key cannot describe exactly, including a tensor torch throws on (no C++ exception
+    reaches the interpreter)."""
+    kw = engine_call()
+    if case == "rows 0":
+        kw = engine_call(rows=0)
+    elif case == "rows 65":
+        kw = engine_call(rows=65)
+    elif case == "no q":
+        del kw["q"]
+    elif case == "no k_cache":
+        kw["k_cache"] = None
+    elif case == "q not a tensor":
+        kw["q"] = [[0.0]]
+    elif case == "head_dim_v float":
+        kw["head_dim_v"] = 512.0
+    elif case == "head_dim_v missing":
+        del kw["head_dim_v"]
+    elif case == "sparse indices":
+        kw["indices"] = kw["indices"].to_sparse()
+    elif case == "q 0-d":
+        kw["q"] = torch.tensor(1.0)
+    assert native_key(kw) is None
+    with pytest.raises(TypeError):
+        native_key([("q", 1)])
+
+
+def test_native_lookup_finds_only_the_exact_key():
+    """lookup(kwargs, table): a miss gives (slot, key) with key == decode_key(kwargs); stored
+    under that slot, the same call and a layout twin find the decision; another call whose
+    slot holds a different key (a planted collision) misses instead of taking that decision."""
+    from swan_module_dir import built_router_key
+
+    built_router_key()
+    native = swan.load_router_key(swan.verify_module(swan.DEFAULT_MODULE_DIR,
+                                                     swan.installed_flashinfer_version()))
+    kw, table, decision = engine_call(), {}, object()
+    miss = native.lookup(kw, table)
+    assert type(miss) is tuple and miss[1] == native.decode_key(kw)
+    table[miss[0]] = (miss[1], decision)
+    assert native.lookup(kw, table) is decision
+    assert native.lookup(engine_call(), table) is decision          # new tensors, same layout
+    other = engine_call(rows=5)
+    slot, key = native.lookup(other, table)
+    assert key != miss[1]
+    table[slot] = (miss[1], decision)                               # planted: a wrong key there
+    assert native.lookup(other, table) == (slot, key)
+    assert native.lookup(engine_call(rows=65), table) is None
+    with pytest.raises(TypeError):
+        native.lookup(kw, [])

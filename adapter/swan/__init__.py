@@ -11,8 +11,8 @@ unchanged (so it keeps the split), with one log line per distinct reason.
 The package, by layer:
   * layout: the page layout and decode-shape constants (the one source; build, reference and
     benches import them from here);
-  * module: verify_module(): manifest + sha256 of the .so + pinned FlashInfer version (install
-    refuses on any mismatch or a missing module);
+  * module: verify_module(): manifest + sha256 of the .so and of the router key + pinned
+    FlashInfer and torch versions (install refuses on any mismatch or a missing module);
   * routing: describe_call() / route(): a pure function of the call's tensor metadata (shapes,
     strides, dtypes, device) and the module's capabilities -> None (serve) or a fallback reason;
     tactic_reason(); the router's per-call key;
@@ -48,7 +48,7 @@ ENGINE_MODULE = "sglang.kernels.ops.attention.flash_mla_sm120"
 ENTRY = "flash_mla_with_kvcache_sm120"
 
 __all__ = [
-    "NAME", "KEY", "COUNTERS", "ENGINE_MODULE", "ENTRY", "ROUTER", "install",
+    "NAME", "KEY", "COUNTERS", "ENGINE_MODULE", "ENTRY", "ROUTER", "install", "load_router_key",
     # layout
     "D_QK", "D_V", "DATA_BYTES", "DECODE_MAX_TOKENS", "FLASHINFER_HEAD_SPECIALISATIONS",
     "HEAD_KERNELS", "MANIFEST_SCHEMA", "MAX_HEADS", "MODULE_TAG", "PAGE_STRIDE", "PAGE_TOKENS",
@@ -79,20 +79,28 @@ class _Decision:
 class _Router:
     """The hook on the engine's SM12x decode entry.
 
-    Per call: entry_reason() on the backend and q's row count (a prefill call, another backend
-    or a positional call falls back here, unkeyed); otherwise decode_key() -> the cached
-    decision. Only the first call of a key is described in full (describe_call) and routed
-    (route, then the kernel's plan); its decision is kept, whether serve or fall back."""
+    Per call: the module's native lookup of the call's tensor metadata (runtime/swan256/
+    router_key.cpp: the decision kept for the call's exact key; None for a call it does not
+    describe) and the engine's backend. A call without a native key takes the Python path: entry_reason() on the backend
+    and q's row count (a prefill call, another backend or a positional call falls back here,
+    unkeyed), else decode_key() -> the cached decision. Only the first call of a key is
+    described in full (describe_call) and routed (route, then the kernel's plan); its decision
+    is kept, whether serve or fall back."""
 
-    def __init__(self, ctx, info: ModuleInfo, kernel: Optional[Kernel]):
+    def __init__(self, ctx, info: ModuleInfo, kernel: Optional[Kernel], native):
         self.ctx = ctx
+        self.native = native             # the swan256_router_key module (load_router_key)
+        # decisions of natively keyed calls: slot -> (exact key, decision) (router_key.cpp lookup)
+        self._native_decisions: dict[int, tuple[bytes, _Decision]] = {}
         self.info = info
         self.kernel = kernel
         self.load_error: Optional[str] = None
         self.caps = ModuleCaps(heads=info.heads, archs=info.archs)
         self.first_served = False
-        self._decisions: dict[tuple, _Decision] = {}
+        self._decisions: dict[tuple, _Decision] = {}     # Python-keyed calls (decode_key)
         self._engine = None
+        self._engine_vars: Optional[dict] = None     # the engine module's namespace (its backend)
+        self.hook = self._make_hook()
 
     def backend(self) -> str:
         if self._engine is None:
@@ -121,35 +129,106 @@ class _Router:
     def forget(self) -> None:
         """Drop the cached decisions (tests that change routing under a live router)."""
         self._decisions.clear()
+        self._native_decisions.clear()
 
-    def __call__(self, original, *args, **kwargs):
+    def decisions(self) -> int:
+        """How many call keys have a kept decision (native and Python keyed)."""
+        return len(self._decisions) + len(self._native_decisions)
+
+    def _bind_engine(self) -> dict:
+        self._engine = sys.modules[ENGINE_MODULE]
+        self._engine_vars = vars(self._engine)
+        return self._engine_vars
+
+    def _python_decision(self, args: tuple, kwargs) -> tuple[Optional[str], Optional[_Decision]]:
+        """The path of a call the native key does not describe (prefill rows, another backend, a
+        positional or odd call): entry_reason() names the fallback, or the call is keyed in
+        Python (decode_key) and decided like any other."""
         backend = self.backend()
         q = kwargs.get("q")
         shape = q.shape if q is not None else None
         rows = (shape[0] if shape else 0) if q is not None else 0
         reason = entry_reason(bool(args), backend, q is not None and kwargs.get("k_cache") is not None, rows)
-        if reason is None:
-            key = decode_key(shape, kwargs)
-            decision = self._decisions.get(key)
-            if decision is None:
-                decision = self._decisions[key] = self._decide(args, kwargs, backend)
-            reason = decision.reason
         if reason is not None:
-            self.ctx.fallback(reason)
-            return original(*args, **kwargs)
-        self.ctx.counters["served"] += 1
-        plan = decision.plan
-        if not self.first_served:
-            from adapter import receipts
+            return reason, None
+        key = decode_key(shape, kwargs)
+        decision = self._decisions.get(key)
+        if decision is None:
+            decision = self._decisions[key] = self._decide(args, kwargs, backend)
+        return decision.reason, decision
 
-            self.first_served = True
-            facts = decision.facts
-            receipts.line(NAME, "first in-place decode: %d rows, %d heads, topk %d, cpb %d",
-                          facts.q.shape[0], facts.q.shape[-2], facts.indices.shape[-1], plan.facts["cpb"])
-        return self.kernel.run(plan, kwargs)
+    def _first_served(self, decision: _Decision) -> None:
+        from adapter import receipts
+
+        self.first_served = True
+        facts, plan = decision.facts, decision.plan
+        receipts.line(NAME, "first in-place decode: %d rows, %d heads, topk %d, cpb %d",
+                      facts.q.shape[0], facts.q.shape[-2], facts.indices.shape[-1], plan.facts["cpb"])
+
+    def _make_hook(self):
+        """The hook installed on the engine entry: a closure over what every call reads (a plain
+        function call is cheaper than an instance's __call__, and locals than attributes)."""
+        router = self
+        lookup = self.native.lookup
+        table = self._native_decisions
+        counters = self.ctx.counters
+        fallback = self.ctx.fallback
+        decide = self._decide
+        python_decision = self._python_decision
+
+        def swan_router(original, *args, **kwargs):
+            # The served path: one native call reads the call's metadata into an exact key and
+            # finds the decision kept for it (the key is built as bytes only on a miss), then the
+            # engine's backend is checked. A call the native key does not describe takes the
+            # Python path (entry_reason, decode_key).
+            found = None if args else lookup(kwargs, table)
+            engine = router._engine_vars or router._bind_engine()
+            if found is not None and engine.get("_sm120_default_backend") == "flashinfer":
+                if type(found) is tuple:            # a miss: (slot, key)
+                    decision = decide(args, kwargs, "flashinfer")
+                    table[found[0]] = (found[1], decision)
+                else:
+                    decision = found
+                reason = decision.reason
+            else:
+                reason, decision = python_decision(args, kwargs)
+            if reason is not None:
+                fallback(reason)
+                return original(*args, **kwargs)
+            counters["served"] += 1
+            if not router.first_served:
+                router._first_served(decision)
+            return router.kernel.run(decision.plan, kwargs)
+
+        return swan_router
+
+    def __call__(self, original, *args, **kwargs):
+        return self.hook(original, *args, **kwargs)
 
 
 ROUTER: Optional[_Router] = None     # the installed router of this process (introspection)
+
+
+def load_router_key(info: ModuleInfo):
+    """The verified native key module: decode_key(kwargs), lookup(kwargs, table) (torch first:
+    the extension links its libraries)."""
+    import importlib.machinery
+    import importlib.util
+
+    import torch  # noqa: F401
+
+    path = info.router_key_path
+    if path is None:
+        raise ModuleError(f"{info.directory} has no verified router key")
+    name = path.name.split(".")[0]
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, str(path), loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    if module.DECODE_MAX_TOKENS != DECODE_MAX_TOKENS:
+        raise ModuleError(f"{path} keys decode calls of <= {module.DECODE_MAX_TOKENS} rows, the "
+                          f"adapter's limit is {DECODE_MAX_TOKENS}: rebuild it (scripts/build_swan.sh)")
+    return module
 
 
 def install(ctx) -> str:
@@ -159,6 +238,12 @@ def install(ctx) -> str:
         info = verify_module(module_dir(), installed_flashinfer_version())
     except ModuleError as exc:
         raise Refusal(str(exc)) from None
+    try:
+        native = load_router_key(info)
+    except ModuleError as exc:
+        raise Refusal(str(exc)) from None
+    except Exception as exc:
+        raise Refusal(f"{info.router_key_path} failed to load: {type(exc).__name__}: {exc}") from None
     kernel = None
     load = "deferred to the first CUDA call"
     try:
@@ -174,10 +259,11 @@ def install(ctx) -> str:
             raise Refusal(f"{info.so_path} failed to load: {type(exc).__name__}: {exc}") from None
         load = "loaded"
     global ROUTER
-    router = ROUTER = _Router(ctx, info, kernel)
-    ctx.around(ENTRY, router)
+    router = ROUTER = _Router(ctx, info, kernel, native)
+    ctx.around(ENTRY, router.hook)
     return (f"{KEY}={ctx.value(KEY)}: decode calls of <= {DECODE_MAX_TOKENS} rows read the "
             f"{PAGE_TOKENS}-token SWA pages in place ([N,{PAGE_TOKENS},1,{ROW_BYTES}], stride(0)="
             f"{PAGE_STRIDE}) via {info.so_path.name} sha256 {info.sha256[:16]} (FlashInfer "
-            f"{info.flashinfer_version}, {'/'.join(info.archs)}, heads {','.join(map(str, info.heads))}); "
+            f"{info.flashinfer_version}, {'/'.join(info.archs)}, heads {','.join(map(str, info.heads))}; "
+            f"per-call key {info.router_key_path.name.split('.')[0]}); "
             f"kernel {load}; engine SM120 backend {router.backend()}; other calls keep the stock split")

@@ -37,6 +37,7 @@ HEAD_KERNELS = FLASHINFER_HEAD_SPECIALISATIONS + (0,)     # bit order of SWAN_HE
 SUPPORTED_ARCHS = {(12, 0): "sm_120a", (12, 1): "sm_121a"}
 
 MODULE_TAG = "swan256"
-MANIFEST_SCHEMA = 1
+MANIFEST_SCHEMA = 2                         # 2: the router key (router_key.cpp) is part of the module
+ROUTER_KEY_MODULE = "swan256_router_key"   # its extension module name
 
 assert PAGE_STRIDE == 149_760 and SPLIT_PAGE_STRIDE == 37_440 and ROW_BYTES == 584

@@ -31,6 +31,7 @@ class ModuleInfo:
     archs: tuple[str, ...]
     heads: tuple[int, ...]
     manifest: Mapping[str, Any]
+    router_key_path: Optional[pathlib.Path] = None     # the native key (router_key.cpp), verified
 
 
 def module_dir(environ: Optional[Mapping[str, str]] = None) -> pathlib.Path:
@@ -55,6 +56,37 @@ def installed_flashinfer_version() -> Optional[str]:
         return metadata.version("flashinfer-python")
     except metadata.PackageNotFoundError:
         return None
+
+
+def installed_torch_version() -> Optional[str]:
+    """The installed torch version, from its metadata (the router key is built against it)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _verify_router_key(directory: pathlib.Path, manifest: Mapping[str, Any], so_path: pathlib.Path,
+                       torch_version: Optional[str]) -> pathlib.Path:
+    """The router's native key is part of the module (schema 2): present, the file that was
+    built, and built against the installed torch (its C++ ABI is that torch's)."""
+    entry = manifest.get("router_key")
+    if not isinstance(entry, Mapping) or not entry.get("so"):
+        raise ModuleError(f"{so_path.parent / 'manifest.json'} records no router key "
+                          "(rebuild the module: scripts/build_swan.sh)")
+    path = directory / str(entry["so"])
+    if not path.exists():
+        raise ModuleError(f"the router key {path} is missing (manifest present)")
+    found = sha256_file(path)
+    if found != entry.get("sha256"):
+        raise ModuleError(f"sha256 of {path} is {found}, the build manifest records "
+                          f"{entry.get('sha256')}: the router key is not the one that was built")
+    if torch_version is not None and entry.get("torch_version") != torch_version:
+        raise ModuleError(f"{path} was built against torch {entry.get('torch_version')}, the "
+                          f"installed one is {torch_version}: rebuild it (scripts/build_swan.sh)")
+    return path
 
 
 def verify_module(directory: pathlib.Path, flashinfer_version: Optional[str]) -> ModuleInfo:
@@ -85,6 +117,7 @@ def verify_module(directory: pathlib.Path, flashinfer_version: Optional[str]) ->
         raise ModuleError(f"{so_path} was built against FlashInfer "
                           f"{manifest.get('flashinfer_version')}, the installed one is "
                           f"{flashinfer_version}: rebuild it (scripts/build_swan.sh)")
+    router_key = _verify_router_key(directory, manifest, so_path, installed_torch_version())
     return ModuleInfo(directory, so_path, found, str(manifest["flashinfer_version"]),
                       tuple(manifest.get("archs", ())), tuple(int(h) for h in manifest.get("heads", ())),
-                      manifest)
+                      manifest, router_key)

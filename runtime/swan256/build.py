@@ -36,7 +36,8 @@ REPO = HERE.parent.parent
 # The page layout, the manifest format and the file hash are the adapter's (it checks them at
 # load): one definition.
 sys.path.insert(0, str(REPO))
-from adapter.swan.layout import HEAD_KERNELS, MANIFEST_SCHEMA, MODULE_TAG, PAGE_STRIDE, PAGE_TOKENS  # noqa: E402
+from adapter.swan.layout import (DECODE_MAX_TOKENS, HEAD_KERNELS, MANIFEST_SCHEMA, MODULE_TAG,  # noqa: E402
+                                 PAGE_STRIDE, PAGE_TOKENS, ROUTER_KEY_MODULE)
 from adapter.swan.module import sha256_file  # noqa: E402
 
 DEFAULT_ARCHS = ("12.0a", "12.1a")
@@ -174,6 +175,48 @@ def arch_gencode(arch: str) -> str:
     return f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}"
 
 
+def build_router_key(out: pathlib.Path, previous: dict) -> dict:
+    """The router's native key (runtime/swan256/router_key.cpp): host C++ against the installed
+    torch's headers and libraries, no CUDA. Rebuilt when its source, flags or torch changed (the
+    previous manifest's entry says what the present file was built from). Returns the manifest
+    entry; a failed compile is an error, like the module's."""
+    import sysconfig
+
+    import torch
+    from torch.utils import cpp_extension
+
+    src = HERE / "router_key.cpp"
+    so = out / (ROUTER_KEY_MODULE + sysconfig.get_config_var("EXT_SUFFIX"))
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if not cxx:
+        raise SystemExit("[swan] no host C++ compiler (c++/g++ on PATH, or CXX) for the router key")
+    torch_lib = pathlib.Path(torch.__file__).resolve().parent / "lib"
+    flags = ["-O2", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden",
+             f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+             f"-DSWAN_DECODE_MAX_TOKENS={DECODE_MAX_TOKENS}",
+             *[f"-I{p}" for p in cpp_extension.include_paths()],
+             f"-I{sysconfig.get_paths()['include']}"]
+    libs = [f"-L{torch_lib}", "-ltorch_python", "-ltorch", "-ltorch_cpu", "-lc10"]
+    entry = {"so": so.name, "source_sha256": sha256_file(src), "torch_version": torch.__version__,
+             "compiler": pathlib.Path(cxx).name,
+             "flags": [f for f in flags if not f.startswith("-I")] + ["-ltorch_python", "-ltorch", "-ltorch_cpu", "-lc10"]}
+    old = previous.get("router_key") or {}
+    if (so.exists() and old.get("sha256") == sha256_file(so)
+            and all(old.get(k) == entry[k] for k in ("source_sha256", "torch_version", "flags"))):
+        return dict(old)
+    start = time.monotonic()
+    tmp = so.with_name(so.name + ".tmp")
+    proc = subprocess.run([cxx, *flags, str(src), "-o", str(tmp), *libs], capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-20:])
+        raise SystemExit(f"[swan] the router key failed to compile ({cxx}, exit {proc.returncode}):\n{tail}")
+    os.replace(tmp, so)
+    entry.update(sha256=sha256_file(so), build_seconds=round(time.monotonic() - start, 1))
+    print(f"[swan] built {so.name} (router key, {entry['compiler']}, torch {entry['torch_version']}) "
+          f"in {entry['build_seconds']:.0f} s")
+    return entry
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(REPO / "runtime" / "build" / MODULE_TAG))
@@ -249,6 +292,7 @@ def main(argv=None) -> int:
     tmp = so_path.with_suffix(".so.tmp")
     shutil.copyfile(built_so, tmp)
     os.replace(tmp, so_path)
+    router_key = build_router_key(out, previous)
     manifest = {
         "schema": MANIFEST_SCHEMA,
         "module_tag": MODULE_TAG,
@@ -272,6 +316,7 @@ def main(argv=None) -> int:
             for s in sources
         },
         "cubins": list_cubins(so_path),
+        "router_key": router_key,
         # A no-op (ninja up to date) run keeps the figures of the build that made the .so.
         "build_seconds": round(seconds, 1) if rebuilt else previous.get("build_seconds"),
         "build_cpu_seconds": (round(cpu_seconds, 1) if rebuilt
