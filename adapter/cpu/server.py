@@ -184,6 +184,11 @@ class CpuServer:
             env["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(
                 ",".join(str(c) for c in cores[r::tp]) or str(cores[r % len(cores)]) for r in ranks)
         env["PYTHONUNBUFFERED"] = "1"
+        # No GPU and no py-spy here: the engine's crash diagnostics would only sleep 5 s on every
+        # stop (stop() signals the whole group, so the launcher sees its scheduler end first and
+        # takes its crash path). An operator's env may turn them back on.
+        env.setdefault("SGLANG_PYSPY_DUMP_BEFORE_CRASH", "0")
+        env.setdefault("SGLANG_CUDA_COREDUMP_BEFORE_CRASH", "0")
         return env
 
     # --- lifecycle -----------------------------------------------------------------------------

@@ -189,7 +189,8 @@ def run_config(model: str, keys: dict, args: dict, *,
                scenarios=("equality", "window", "idle", "cadence", "bad_input"),
                progress: Optional[Callable[[str], None]] = None, name: str = "",
                extra_env: Optional[dict] = None,
-               on_server: Optional[Callable[[object], dict]] = None, nodes: int = 1) -> ConfigRun:
+               on_server: Optional[Callable[[object], dict]] = None, nodes: int = 1,
+               cadence_prefill: Optional[int] = None) -> ConfigRun:
     """Boot, run the traffic, stop; never leaves a process behind.
 
     scenarios may add "calibration" (traffic.calibration_run, for `dsv41 calibrate yield`);
@@ -198,7 +199,7 @@ def run_config(model: str, keys: dict, args: dict, *,
     after the traffic while the server still runs, returns what lands in run.extras.
     nodes > 1: the production topology on this machine, one launch process per node
     (CpuServer(nodes=...): --nnodes, --node-rank, --dist-init-addr on 127.0.0.1); --tp-size is
-    taken from args."""
+    taken from args. cadence_prefill: the cadence prompt's tokens (default CADENCE_PREFILL)."""
     from adapter.cpu.server import BootError, CpuServer
     from adapter.tools import traffic
 
@@ -227,8 +228,9 @@ def run_config(model: str, keys: dict, args: dict, *,
             run.idle = traffic.idle_session_resume(server)
         if "cadence" in scenarios and model in CADENCE_PREFILL:
             server.flush_cache()
-            say(f"{name or model}: stream cadence during a {CADENCE_PREFILL[model]}-token prefill")
-            run.cadence = traffic.yield_cadence(server, CADENCE_PREFILL[model])
+            prefill = cadence_prefill or CADENCE_PREFILL[model]
+            say(f"{name or model}: stream cadence during a {prefill}-token prefill")
+            run.cadence = traffic.yield_cadence(server, prefill)
         if "calibration" in scenarios:
             say(f"{name or model}: calibration traffic")
             run.extras["calibration_sent"] = traffic.calibration_run(server)

@@ -8,7 +8,9 @@ test passes `boots.run` to `dsv41 canary`, so its control and production boots a
 Boots that can show something another boot shows too are not made (issue 26): swan alone
 (torch_native never calls the SM120 entry), swa_thin / swa_cone alone on the dense model (both
 decline at once), decode_yield alone and swa_cone alone on the hybrid-SWA model (the production
-boot shows them: the yield lines, cone's decline). Some boots carry more than the canary traffic:
+boot shows them: the yield lines, cone's decline), decode_yield at another share (the unit test
+test_share_50_yields_more_than_33 on the engine's scheduler; the real server's planner answering
+its cost model: test_e2e_calibrate). Some boots carry more than the canary traffic:
 - the production line boots with --enable-metrics; /metrics is scraped after the traffic
   (tests/e2e/test_e2e_metrics.py reads it; the canary report is the same with or without it);
 - swa_thin on the hybrid-SWA model boots without the flag but with a PROMETHEUS_MULTIPROC_DIR of
@@ -54,10 +56,9 @@ CONFIGS = {   # name -> (keys, args)
     **{a: (adapter_keys(a), PROD_ARGS) for a in ("decode_yield", "swa_thin", "swa_cone")},
     # autotune_keep alone is the control line (its only key): shared with the canary's control.
     "autotune_keep": (CTRL_KEYS, CTRL_ARGS),
-    "yield50": ({"DSV41_DECODE_YIELD": "50"}, PROD_ARGS),
 }
 # Which adapter-alone configurations each model boots (T=0 equality with stock and the effects).
-ALONE = {"dense": ("decode_yield", "autotune_keep", "yield50"),
+ALONE = {"dense": ("decode_yield", "autotune_keep"),
          "swa": ("swa_thin", "autotune_keep")}
 WATCH = "prometheus_client"
 
@@ -96,8 +97,9 @@ class Boots:
         key = canary.config_key(model, keys, args)
         if key not in self.runs:
             if scenarios is None:
-                # Stream cadence only where decode yield is on or for the baselines it is read against.
-                cadence = (not keys or keys == CTRL_KEYS or "DSV41_DECODE_YIELD" in keys)
+                # Stream cadence only where decode yield is on or for the control it is read
+                # against (the canary's report; the effects test's chunk boundaries).
+                cadence = (keys == CTRL_KEYS or "DSV41_DECODE_YIELD" in keys)
                 scenarios = ("equality", "window", "idle") + (("cadence",) if cadence else ())
             run_args, env, on_server, add = self._extras(model, keys, args)
             self.boots[key] = self.boots.get(key, 0) + 1

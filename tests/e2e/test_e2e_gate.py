@@ -1,12 +1,15 @@
-"""`dsv41 gate` against real CPU servers, quick suite: an A/B/A that passes and three planted
-regressions. Five boots, one per configuration (module fixture), one at a time, each stopped by
-process group:
+"""`dsv41 gate` against real CPU servers, quick suite: an A/B/A that passes and two planted
+regressions in one boot. Four boots, one per configuration (module fixture), one at a time, each
+stopped by process group:
 
     A, A2  stock (the control line)         B  production (the whole line)
-    W      stock keys, other weights        D  stock keys, DSV41CPU_STEP_DELAY_MS=40 (planted)
+    WD     stock keys, other weights and DSV41CPU_STEP_DELAY_MS=40 (both planted)
 
-A,B,A2 -> PASS; A,W,A2 -> KILL on T=0; A,D,A2 -> KILL on speed; A,B,D -> INVALID (the controls
-disagree on speed). W is measured through the `dsv41 gate run` command, in two goes (resume).
+A,B,A2 -> PASS (neither the T=0 rules nor the speed rules fire on equal boots); A,WD,A2 -> KILL,
+by T=0 (the other weights) and by speed (the delay), each rule on its own figures; A,B,WD ->
+INVALID (the controls disagree). WD is measured through the `dsv41 gate run` command, in two goes
+(resume). One boot carries both regressions (issue 26: fewer boots); that each rule fires alone
+and only on its own figures is the verdict's unit tests' (tests/test_gate_verdict.py).
 """
 import json
 import pathlib
@@ -41,32 +44,30 @@ def other_weights_model(dst):
     return dst
 
 
-def boot_w_through_cli(out, model_path):
-    """W: booted here, measured by `dsv41 gate run` twice: t0 first, then the rest (resume)."""
-    server = CpuServer("dense", keys=CTRL_KEYS, name="gate-W",
+def boot_wd_through_cli(out, model_path):
+    """WD: booted here, measured by `dsv41 gate run` twice: t0 first, then the rest (resume)."""
+    server = CpuServer("dense", keys=CTRL_KEYS, name="gate-WD", extra_env={"DSV41CPU_STEP_DELAY_MS": DELAY_MS},
                        args={**boot.server_args("dense", CTRL_ARGS), "--model-path": str(model_path)})
     try:
         server.start()
-        gate_run.run_gate(server.url, "W", str(out), run_id=RUN_ID, cells=("t0",), progress=False)
-        t0_written = (out / RUN_ID / "W" / "t0.json").stat().st_mtime_ns
-        code = cli.main(["gate", "run", "--endpoint", server.url + "/v1", "--label", "W", "--out", str(out),
+        gate_run.run_gate(server.url, "WD", str(out), run_id=RUN_ID, cells=("t0",), progress=False)
+        t0_written = (out / RUN_ID / "WD" / "t0.json").stat().st_mtime_ns
+        code = cli.main(["gate", "run", "--endpoint", server.url + "/v1", "--label", "WD", "--out", str(out),
                          "--run-id", RUN_ID, "--model", "dsv41-cpu-dense"])
     finally:
         server.stop()
     assert not server.group_alive()
-    return {"code": code, "t0_mtime": t0_written}
+    return {"code": code, "t0_mtime": t0_written, "log_dir": str(server.log_dir)}
 
 
 @pytest.fixture(scope="module")
 def gate(tmp_path_factory):
     out = tmp_path_factory.mktemp("gate-runs")
     records = {}
-    for label, keys, args, extra in (("A", CTRL_KEYS, CTRL_ARGS, None), ("B", PROD_KEYS, PROD_ARGS, None),
-                                     ("A2", CTRL_KEYS, CTRL_ARGS, None),
-                                     ("D", CTRL_KEYS, CTRL_ARGS, {"DSV41CPU_STEP_DELAY_MS": DELAY_MS})):
-        records[label] = boot.boot_and_run(label, "dense", keys, args, str(out), RUN_ID, extra_env=extra,
-                                           progress=False)
-    records["W"] = boot_w_through_cli(out, other_weights_model(tmp_path_factory.mktemp("weights") / "dense-w"))
+    for label, keys, args in (("A", CTRL_KEYS, CTRL_ARGS), ("B", PROD_KEYS, PROD_ARGS),
+                              ("A2", CTRL_KEYS, CTRL_ARGS)):
+        records[label] = boot.boot_and_run(label, "dense", keys, args, str(out), RUN_ID, progress=False)
+    records["WD"] = boot_wd_through_cli(out, other_weights_model(tmp_path_factory.mktemp("weights") / "dense-w"))
     return out / RUN_ID, records
 
 
@@ -77,7 +78,7 @@ def judge(run_dir, order):
 
 def test_stock_production_stock_passes(gate, capsys):
     run_dir, records = gate
-    for label in ("A", "B", "A2", "D"):
+    for label in ("A", "B", "A2"):
         assert gate_run.label_complete(run_dir / label), label
         assert json.loads((run_dir / label / "boot.json").read_text())["measure_s"] > 0
     res, rules = judge(run_dir, "A,B,A2")
@@ -102,40 +103,36 @@ def test_stock_production_stock_passes(gate, capsys):
         assert (run_dir / png).read_bytes()[:4] == b"\x89PNG"
 
 
-def test_other_weights_are_killed_on_t0_equality(gate):
+def test_other_weights_and_a_step_delay_are_killed_on_t0_and_on_speed(gate):
     run_dir, records = gate
-    assert records["W"]["code"] == 0
-    res, rules = judge(run_dir, "A,W,A2")
-    assert res["verdict"] == "KILL" and "t0" in res["decided_by"], verdict.format_text(res)
-    assert len(rules["t0"]["figures"]["differ"]) >= 12
+    assert records["WD"]["code"] == 0
+    res, rules = judge(run_dir, "A,WD,A2")
+    assert res["verdict"] == "KILL", verdict.format_text(res)
+    assert "t0" in res["decided_by"] and "speed" in res["decided_by"], res["decided_by"]
+    assert len(rules["t0"]["figures"]["differ"]) >= 12                # the other weights
     assert rules["kld"]["outcome"] == "KILL"                          # and far from the controls
+    for cell in cells.SPEED_CELLS:                                    # the delay
+        assert rules["speed"]["figures"]["cells"][cell]["candidate_ratio"] < 0.35, cell
     assert rules["controls.speed"]["outcome"] == rules["controls.t0"]["outcome"] == "ok"
+    logs = "".join(p.read_text(errors="replace") for p in pathlib.Path(records["WD"]["log_dir"]).glob("*.log"))
+    assert f"step delay armed: Scheduler.run_batch sleeps {DELAY_MS} ms" in logs
 
 
 def test_gate_run_resumes(gate):
     run_dir, records = gate
-    # W's t0 cell was measured by the first `gate run`; the second one left it alone.
-    assert (run_dir / "W" / "t0.json").stat().st_mtime_ns == records["W"]["t0_mtime"]
-    assert gate_run.label_complete(run_dir / "W")
+    # WD's t0 cell was measured by the first `gate run`; the second one left it alone.
+    assert (run_dir / "WD" / "t0.json").stat().st_mtime_ns == records["WD"]["t0_mtime"]
+    assert gate_run.label_complete(run_dir / "WD")
     # A complete label is not booted again.
     again = boot.boot_and_run("A", "dense", CTRL_KEYS, CTRL_ARGS, str(run_dir.parent), RUN_ID)
     assert again["skipped"] == "measured already"
 
 
-def test_step_delay_is_killed_on_speed(gate):
-    run_dir, records = gate
-    res, rules = judge(run_dir, "A,D,A2")
-    assert res["verdict"] == "KILL" and res["decided_by"] == ["speed"], verdict.format_text(res)
-    for cell in cells.SPEED_CELLS:
-        assert rules["speed"]["figures"]["cells"][cell]["candidate_ratio"] < 0.35, cell
-    logs = "".join(p.read_text(errors="replace") for p in pathlib.Path(records["D"]["log_dir"]).glob("*.log"))
-    assert f"step delay armed: Scheduler.run_batch sleeps {DELAY_MS} ms" in logs
-
-
 def test_controls_that_disagree_are_invalid(gate, capsys):
     run_dir, _ = gate
-    res, rules = judge(run_dir, "A,B,D")
-    assert res["verdict"] == "INVALID" and res["decided_by"] == ["controls.speed"], verdict.format_text(res)
-    assert cli.main(["gate", "verdict", str(run_dir), "--order", "A,B,D", "--json", "--speed-floor",
+    res, rules = judge(run_dir, "A,B,WD")
+    assert res["verdict"] == "INVALID", verdict.format_text(res)
+    assert "controls.speed" in res["decided_by"] and "controls.t0" in res["decided_by"], res["decided_by"]
+    assert cli.main(["gate", "verdict", str(run_dir), "--order", "A,B,WD", "--json", "--speed-floor",
                      str(boot.CPU_SPEED_FLOOR)]) == exits.INVALID
     assert json.loads(capsys.readouterr().out)["verdict"] == "INVALID"

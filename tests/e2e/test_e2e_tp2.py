@@ -4,7 +4,7 @@ on 127.0.0.1 (`--dist-init-addr`, `--node-rank 0/1`; adapter/cpu/server.py `node
 group over gloo between them. Ranks that decided differently would hang or diverge; here:
 - every rank of both nodes logs its receipts (input_guard in node 0's launcher, which alone
   runs the tokenizer manager);
-- both ranks log the same decode-yield decisions;
+- both ranks log the same decode-yield decisions (a 12,288-token prompt beside two streams);
 - autotune_keep's rank agreement runs across the two nodes (the harness's
   DSV41CPU_AUTOTUNE_AGREE: the engine's own exchange over the TP group, three rounds: first
   boot, caches kept on both, node 1's cache corrupted so both drop);
@@ -16,6 +16,10 @@ from adapter.table import ADAPTERS
 from adapter.tools import canary, traffic
 
 from e2e.e2e_configs import PROD_ARGS, PROD_KEYS
+
+# Three 4,096-token chunks (two yields on each rank) are enough for the ranks to show they decide
+# alike; the single-rank boots run the 24,576-token prompt (its prefill costs ~4x this one's).
+CADENCE_PREFILL = 12288
 
 
 def _decisions(run, rank):
@@ -36,6 +40,7 @@ def _agreement(run, rank):
 def test_production_line_on_two_nodes_agrees_across_them_and_equals_stock(boots, tmp_path):
     run = canary.run_config("dense", PROD_KEYS, {**PROD_ARGS, "--tp-size": "2"}, nodes=2,
                             scenarios=("equality", "cadence"), name="dense production 2 nodes",
+                            cadence_prefill=CADENCE_PREFILL,
                             extra_env={"DSV41CPU_AUTOTUNE_AGREE": str(tmp_path / "autotune")},
                             progress=lambda msg: print(f"[e2e] {msg}"))
     assert not run.errors, run.errors
