@@ -68,6 +68,17 @@ def installed_torch_version() -> Optional[str]:
         return None
 
 
+def _built_file(path: pathlib.Path, recorded: Optional[str], what: str, short: str) -> str:
+    """sha256 of a file the build wrote: it must exist and be the one the manifest records."""
+    if not path.exists():
+        raise ModuleError(f"{what} {path} is missing (manifest present)")
+    found = sha256_file(path)
+    if found != recorded:
+        raise ModuleError(f"sha256 of {path} is {found}, the build manifest records "
+                          f"{recorded}: {short} is not the one that was built")
+    return found
+
+
 def _verify_router_key(directory: pathlib.Path, manifest: Mapping[str, Any], so_path: pathlib.Path,
                        torch_version: Optional[str]) -> pathlib.Path:
     """The router's native key is part of the module (schema 2): present, the file that was
@@ -77,12 +88,7 @@ def _verify_router_key(directory: pathlib.Path, manifest: Mapping[str, Any], so_
         raise ModuleError(f"{so_path.parent / 'manifest.json'} records no router key "
                           "(rebuild the module: scripts/build_swan.sh)")
     path = directory / str(entry["so"])
-    if not path.exists():
-        raise ModuleError(f"the router key {path} is missing (manifest present)")
-    found = sha256_file(path)
-    if found != entry.get("sha256"):
-        raise ModuleError(f"sha256 of {path} is {found}, the build manifest records "
-                          f"{entry.get('sha256')}: the router key is not the one that was built")
+    _built_file(path, entry.get("sha256"), "the router key", "the router key")
     if torch_version is not None and entry.get("torch_version") != torch_version:
         raise ModuleError(f"{path} was built against torch {entry.get('torch_version')}, the "
                           f"installed one is {torch_version}: rebuild it (scripts/build_swan.sh)")
@@ -104,12 +110,7 @@ def verify_module(directory: pathlib.Path, flashinfer_version: Optional[str]) ->
                           f"{MANIFEST_SCHEMA} (module_tag={manifest.get('module_tag')!r}, "
                           f"schema={manifest.get('schema')!r})")
     so_path = directory / str(manifest.get("so", f"{MODULE_TAG}.so"))
-    if not so_path.exists():
-        raise ModuleError(f"the {MODULE_TAG} module {so_path} is missing (manifest present)")
-    found = sha256_file(so_path)
-    if found != manifest.get("sha256"):
-        raise ModuleError(f"sha256 of {so_path} is {found}, the build manifest records "
-                          f"{manifest.get('sha256')}: the module is not the one that was built")
+    found = _built_file(so_path, manifest.get("sha256"), f"the {MODULE_TAG} module", "the module")
     if manifest.get("page_tokens") != PAGE_TOKENS or manifest.get("page_stride_bytes") != PAGE_STRIDE:
         raise ModuleError(f"{so_path} serves pages of {manifest.get('page_tokens')} tokens / "
                           f"{manifest.get('page_stride_bytes')} B, not {PAGE_TOKENS} / {PAGE_STRIDE}")
