@@ -47,48 +47,41 @@ def sha256_file(path: pathlib.Path) -> str:
     return digest.hexdigest()
 
 
-def installed_flashinfer_version() -> Optional[str]:
-    """The installed flashinfer-python version, from its metadata (importing flashinfer itself
-    needs its GPU stack)."""
+def _installed_version(distribution: str) -> Optional[str]:
     from importlib import metadata
 
     try:
-        return metadata.version("flashinfer-python")
+        return metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return None
+
+
+def installed_flashinfer_version() -> Optional[str]:
+    """The installed flashinfer-python version, from its metadata (importing flashinfer itself
+    needs its GPU stack)."""
+    return _installed_version("flashinfer-python")
 
 
 def installed_torch_version() -> Optional[str]:
     """The installed torch version, from its metadata (the router key is built against it)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        return None
+    return _installed_version("torch")
 
 
-def _built_file(path: pathlib.Path, recorded: Optional[str], what: str, short: str) -> str:
-    """sha256 of a file the build wrote: it must exist and be the one the manifest records."""
-    if not path.exists():
-        raise ModuleError(f"{what} {path} is missing (manifest present)")
-    found = sha256_file(path)
-    if found != recorded:
-        raise ModuleError(f"sha256 of {path} is {found}, the build manifest records "
-                          f"{recorded}: {short} is not the one that was built")
-    return found
-
-
-def _verify_router_key(directory: pathlib.Path, manifest: Mapping[str, Any], so_path: pathlib.Path,
+def _verify_router_key(directory: pathlib.Path, manifest: Mapping[str, Any],
                        torch_version: Optional[str]) -> pathlib.Path:
     """The router's native key is part of the module (schema 2): present, the file that was
     built, and built against the installed torch (its C++ ABI is that torch's)."""
     entry = manifest.get("router_key")
     if not isinstance(entry, Mapping) or not entry.get("so"):
-        raise ModuleError(f"{so_path.parent / 'manifest.json'} records no router key "
+        raise ModuleError(f"{directory / 'manifest.json'} records no router key "
                           "(rebuild the module: scripts/build_swan.sh)")
     path = directory / str(entry["so"])
-    _built_file(path, entry.get("sha256"), "the router key", "the router key")
+    if not path.exists():
+        raise ModuleError(f"the router key {path} is missing (manifest present)")
+    found = sha256_file(path)
+    if found != entry.get("sha256"):
+        raise ModuleError(f"sha256 of {path} is {found}, the build manifest records "
+                          f"{entry.get('sha256')}: the router key is not the one that was built")
     if torch_version is not None and entry.get("torch_version") != torch_version:
         raise ModuleError(f"{path} was built against torch {entry.get('torch_version')}, the "
                           f"installed one is {torch_version}: rebuild it (scripts/build_swan.sh)")
@@ -110,7 +103,14 @@ def verify_module(directory: pathlib.Path, flashinfer_version: Optional[str]) ->
                           f"{MANIFEST_SCHEMA} (module_tag={manifest.get('module_tag')!r}, "
                           f"schema={manifest.get('schema')!r})")
     so_path = directory / str(manifest.get("so", f"{MODULE_TAG}.so"))
-    found = _built_file(so_path, manifest.get("sha256"), f"the {MODULE_TAG} module", "the module")
+    # Spelled out like the router key's check above, not shared: the refusal text is quoted in
+    # docs/swan.md and tests/test_receipt_quotes.py matches it against this format string.
+    if not so_path.exists():
+        raise ModuleError(f"the {MODULE_TAG} module {so_path} is missing (manifest present)")
+    found = sha256_file(so_path)
+    if found != manifest.get("sha256"):
+        raise ModuleError(f"sha256 of {so_path} is {found}, the build manifest records "
+                          f"{manifest.get('sha256')}: the module is not the one that was built")
     if manifest.get("page_tokens") != PAGE_TOKENS or manifest.get("page_stride_bytes") != PAGE_STRIDE:
         raise ModuleError(f"{so_path} serves pages of {manifest.get('page_tokens')} tokens / "
                           f"{manifest.get('page_stride_bytes')} B, not {PAGE_TOKENS} / {PAGE_STRIDE}")
@@ -118,7 +118,7 @@ def verify_module(directory: pathlib.Path, flashinfer_version: Optional[str]) ->
         raise ModuleError(f"{so_path} was built against FlashInfer "
                           f"{manifest.get('flashinfer_version')}, the installed one is "
                           f"{flashinfer_version}: rebuild it (scripts/build_swan.sh)")
-    router_key = _verify_router_key(directory, manifest, so_path, installed_torch_version())
+    router_key = _verify_router_key(directory, manifest, installed_torch_version())
     return ModuleInfo(directory, so_path, found, str(manifest["flashinfer_version"]),
                       tuple(manifest.get("archs", ())), tuple(int(h) for h in manifest.get("heads", ())),
                       manifest, router_key)
