@@ -304,12 +304,18 @@ def test_router_describes_a_decode_shape_once(install_adapters, fake_module, mon
 # --- the native key (runtime/swan256/router_key.cpp): what the served path reads --------------
 
 @pytest.fixture(scope="module")
-def native_key():
+def native():
+    """The built module's router key extension (decode_key, lookup)."""
     from swan_module_dir import built_router_key
 
     built_router_key()
     info = swan.verify_module(swan.DEFAULT_MODULE_DIR, swan.installed_flashinfer_version())
-    return swan.load_router_key(info).decode_key
+    return swan.load_router_key(info)
+
+
+@pytest.fixture(scope="module")
+def native_key(native):
+    return native.decode_key
 
 
 def test_one_native_key_means_one_python_key(native_key):
@@ -421,15 +427,10 @@ def test_native_key_declines_what_the_python_path_decides(native_key, case):
         native_key([("q", 1)])
 
 
-def test_native_lookup_finds_only_the_exact_key():
+def test_native_lookup_finds_only_the_exact_key(native):
     """lookup(kwargs, table): a miss gives (slot, key) with key == decode_key(kwargs); stored
     under that slot, the same call and a layout twin find the decision; another call whose
     slot holds a different key (a planted collision) misses instead of taking that decision."""
-    from swan_module_dir import built_router_key
-
-    built_router_key()
-    native = swan.load_router_key(swan.verify_module(swan.DEFAULT_MODULE_DIR,
-                                                     swan.installed_flashinfer_version()))
     kw, table, decision = engine_call(), {}, object()
     miss = native.lookup(kw, table)
     assert type(miss) is tuple and miss[1] == native.decode_key(kw)

@@ -30,8 +30,8 @@ from typing import Optional
 from adapter.swan.kernel import Kernel, Plan
 from adapter.swan.layout import (D_QK, D_V, DATA_BYTES, DECODE_MAX_TOKENS,
                                  FLASHINFER_HEAD_SPECIALISATIONS, HEAD_KERNELS, MANIFEST_SCHEMA,
-                                 MAX_HEADS, MODULE_TAG, PAGE_STRIDE, PAGE_TOKENS, ROW_BYTES,
-                                 SCALE_BYTES, SPLIT_PAGE_STRIDE, SPLIT_PAGE_TOKENS, SUPPORTED_ARCHS)
+                                 MAX_HEADS, MODULE_TAG, PAGE_STRIDE, PAGE_TOKENS, ROUTER_KEY_MODULE,
+                                 ROW_BYTES, SCALE_BYTES, SPLIT_PAGE_STRIDE, SPLIT_PAGE_TOKENS, SUPPORTED_ARCHS)
 from adapter.swan.module import (DEFAULT_MODULE_DIR, MODULE_DIR_ENV, REPO_ROOT, ModuleError,
                                  ModuleInfo, installed_flashinfer_version, module_dir, sha256_file,
                                  verify_module)
@@ -81,11 +81,11 @@ class _Router:
 
     Per call: the module's native lookup of the call's tensor metadata (runtime/swan256/
     router_key.cpp: the decision kept for the call's exact key; None for a call it does not
-    describe) and the engine's backend. A call without a native key takes the Python path: entry_reason() on the backend
-    and q's row count (a prefill call, another backend or a positional call falls back here,
-    unkeyed), else decode_key() -> the cached decision. Only the first call of a key is
-    described in full (describe_call) and routed (route, then the kernel's plan); its decision
-    is kept, whether serve or fall back."""
+    describe) and the engine's backend. A call without a native key takes the Python path:
+    entry_reason() on the backend and q's row count (a prefill call, another backend or a
+    positional call falls back here, unkeyed), else decode_key() -> the cached decision. Only
+    the first call of a key is described in full (describe_call) and routed (route, then the
+    kernel's plan); its decision is kept, whether serve or fall back. The engine calls `hook`."""
 
     def __init__(self, ctx, info: ModuleInfo, kernel: Optional[Kernel], native):
         self.ctx = ctx
@@ -98,14 +98,12 @@ class _Router:
         self.caps = ModuleCaps(heads=info.heads, archs=info.archs)
         self.first_served = False
         self._decisions: dict[tuple, _Decision] = {}     # Python-keyed calls (decode_key)
-        self._engine = None
         self._engine_vars: Optional[dict] = None     # the engine module's namespace (its backend)
         self.hook = self._make_hook()
 
     def backend(self) -> str:
-        if self._engine is None:
-            self._engine = sys.modules[ENGINE_MODULE]
-        return str(getattr(self._engine, "_sm120_default_backend", "unknown"))
+        engine = self._engine_vars or self._bind_engine()
+        return str(engine.get("_sm120_default_backend", "unknown"))
 
     def _kernel(self) -> Optional[Kernel]:
         if self.kernel is None and self.load_error is None:
@@ -136,8 +134,7 @@ class _Router:
         return len(self._decisions) + len(self._native_decisions)
 
     def _bind_engine(self) -> dict:
-        self._engine = sys.modules[ENGINE_MODULE]
-        self._engine_vars = vars(self._engine)
+        self._engine_vars = vars(sys.modules[ENGINE_MODULE])
         return self._engine_vars
 
     def _python_decision(self, args: tuple, kwargs) -> tuple[Optional[str], Optional[_Decision]]:
@@ -202,9 +199,6 @@ class _Router:
 
         return swan_router
 
-    def __call__(self, original, *args, **kwargs):
-        return self.hook(original, *args, **kwargs)
-
 
 ROUTER: Optional[_Router] = None     # the installed router of this process (introspection)
 
@@ -220,9 +214,9 @@ def load_router_key(info: ModuleInfo):
     path = info.router_key_path
     if path is None:
         raise ModuleError(f"{info.directory} has no verified router key")
-    name = path.name.split(".")[0]
-    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
-    spec = importlib.util.spec_from_file_location(name, str(path), loader=loader)
+    # the name its PyInit_ function carries, whatever the file's suffix
+    loader = importlib.machinery.ExtensionFileLoader(ROUTER_KEY_MODULE, str(path))
+    spec = importlib.util.spec_from_file_location(ROUTER_KEY_MODULE, str(path), loader=loader)
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     if module.DECODE_MAX_TOKENS != DECODE_MAX_TOKENS:
@@ -265,5 +259,5 @@ def install(ctx) -> str:
             f"{PAGE_TOKENS}-token SWA pages in place ([N,{PAGE_TOKENS},1,{ROW_BYTES}], stride(0)="
             f"{PAGE_STRIDE}) via {info.so_path.name} sha256 {info.sha256[:16]} (FlashInfer "
             f"{info.flashinfer_version}, {'/'.join(info.archs)}, heads {','.join(map(str, info.heads))}; "
-            f"per-call key {info.router_key_path.name.split('.')[0]}); "
+            f"per-call key {ROUTER_KEY_MODULE}); "
             f"kernel {load}; engine SM120 backend {router.backend()}; other calls keep the stock split")

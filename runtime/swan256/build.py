@@ -196,17 +196,18 @@ def build_router_key(out: pathlib.Path, previous: dict) -> dict:
              f"-DSWAN_DECODE_MAX_TOKENS={DECODE_MAX_TOKENS}",
              *[f"-I{p}" for p in cpp_extension.include_paths()],
              f"-I{sysconfig.get_paths()['include']}"]
-    libs = [f"-L{torch_lib}", "-ltorch_python", "-ltorch", "-ltorch_cpu", "-lc10"]
+    libs = ["-ltorch_python", "-ltorch", "-ltorch_cpu", "-lc10"]
     entry = {"so": so.name, "source_sha256": sha256_file(src), "torch_version": torch.__version__,
              "compiler": pathlib.Path(cxx).name,
-             "flags": [f for f in flags if not f.startswith("-I")] + ["-ltorch_python", "-ltorch", "-ltorch_cpu", "-lc10"]}
+             "flags": [f for f in flags if not f.startswith("-I")] + libs}
     old = previous.get("router_key") or {}
     if (so.exists() and old.get("sha256") == sha256_file(so)
             and all(old.get(k) == entry[k] for k in ("source_sha256", "torch_version", "flags"))):
         return dict(old)
     start = time.monotonic()
     tmp = so.with_name(so.name + ".tmp")
-    proc = subprocess.run([cxx, *flags, str(src), "-o", str(tmp), *libs], capture_output=True, text=True)
+    proc = subprocess.run([cxx, *flags, str(src), "-o", str(tmp), f"-L{torch_lib}", *libs],
+                          capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-20:])
         raise SystemExit(f"[swan] the router key failed to compile ({cxx}, exit {proc.returncode}):\n{tail}")

@@ -6,13 +6,13 @@
 // The router (adapter/swan/__init__.py) keeps one decision per distinct key; a Python key costs
 // ~35 torch metadata reads (~0.1-0.3 us each through torch's Python bindings). This reads the same
 // metadata from the C++ tensors in one call, and lookup() finds the decision kept for it without
-// building a Python key (a 64-bit FNV-style hash of the key's words picks the slot; the whole key is compared
-// byte for byte, so a colliding key is a miss, never another call's decision). The key is exact,
-// not a hash: equal bytes mean equal
-// metadata of every tensor the call passes, so two calls with one key get one route() verdict and
-// one plan (tests/test_swan_routing.py checks it against route(describe_call(...))). It is a
-// superset of routing.decode_key(): every tensor contributes its dim, dtype, device type and
-// index, contiguity, data pointer mod 16, sizes and strides.
+// building a Python key (a 64-bit FNV-style hash of the key's words picks the slot; the whole key
+// is compared byte for byte, so a colliding key is a miss, never another call's decision). The
+// key is exact, not a hash: equal bytes mean equal metadata of every tensor the call passes, so
+// two calls with one key get one route() verdict and one plan (tests/test_swan_routing.py checks
+// it against decode_key and route(describe_call(...))). It is a superset of routing.decode_key():
+// every tensor contributes its dim, dtype, device type and index, contiguity, data pointer mod
+// 16, sizes and strides.
 //
 // None (the router takes its Python path, which names the reason or keys the call in Python):
 //   q or k_cache missing or None; any of the ten names bound to something that is not a tensor
