@@ -92,8 +92,10 @@ def test_one_log_line_per_reason_every_rejection_counted(manager, caplog):
     ({"sampling": {"stop_token_ids": [7, 5_000_000]}}, "stop_token_ids", "stop_token_ids contains 5000000"),
     ({"sampling": {"stop_token_ids": [-4, 7]}}, "stop_token_ids", "stop_token_ids contains -4"),
     # without return_logprob too: a prefill batch takes every request's k (engine-fatal, e2e)
-    ({"top_logprobs_num": VOCAB + 1}, "top_logprobs_num", f"top_logprobs_num = {VOCAB + 1} is more"),
-    ({"top_logprobs_num": 100_000, "return_logprob": True}, "top_logprobs_num", "valid values are 0..1024"),
+    ({"top_logprobs_num": VOCAB + 1}, "top_logprobs_num",
+     f"top_logprobs_num = {VOCAB + 1} is out of range: this engine expects an integer <= 1024 "
+     f"\\(vocabulary size {VOCAB}\\)"),
+    ({"top_logprobs_num": 100_000, "return_logprob": True}, "top_logprobs_num", "an integer <= 1024"),
 ])
 def test_stop_ids_and_top_logprobs_past_the_vocabulary_are_rejected(manager, extra, reason, text):
     with pytest.raises(ValueError, match=text):
@@ -107,47 +109,100 @@ def test_the_engines_own_errors_propagate_unchanged(manager):
     assert _counts() == {}                  # the engine raised before the guard looked
 
 
-def test_a_failing_check_is_a_fallback_line_and_the_request_goes_on(manager, monkeypatch, caplog):
+def test_a_failing_check_refuses_the_request_and_counts_it(manager, monkeypatch, caplog):
+    """Fail closed: a guard against crashes must not pass what it could not check."""
     caplog.set_level("INFO", logger=receipts.LOGGER_NAME)
 
     def broken(*args, **kwargs):
         raise RuntimeError("planted")
 
     monkeypatch.setattr(input_guard, "check", broken)
-    out = _tokenize(manager, [5, 5_000_000])        # not checked: passed on as stock would
-    assert out.input_ids == array("q", [5, 5_000_000])
-    fallbacks = [r.getMessage() for r in caplog.records if "input_guard fallback" in r.getMessage()]
-    assert fallbacks == ["[dsv41] input_guard fallback: the check itself failed (RuntimeError); "
-                         "request passed unchanged (logged once)"]
+    with pytest.raises(ValueError, match=r"input_guard could not check this request \(RuntimeError\); "
+                                         "it is refused rather than sent to the scheduler unchecked"):
+        _tokenize(manager, [5, 6])
+    assert _counts() == {"checked": 1, "rejected:unchecked": 1}
+
+
+@pytest.mark.parametrize("extra, reason, text", [
+    # the engine's schema takes the batch form (a list) on a single request too
+    ({"top_logprobs_num": [3], "return_logprob": True}, "top_logprobs_num",
+     r"top_logprobs_num = \[3\] is a list, not an integer: this engine expects an integer <= 1024"),
+    ({"top_logprobs_num": [100_000], "return_logprob": True}, "top_logprobs_num", "is a list"),
+    ({"logprob_start_len": [0], "return_logprob": True}, "logprob_start_len",
+     r"logprob_start_len = \[0\] is a list, not an integer: this engine expects an integer >= -1"),
+    ({"logprob_start_len": -5, "return_logprob": True}, "logprob_start_len",
+     "logprob_start_len = -5 is out of range: this engine expects an integer >= -1"),
+])
+def test_fields_the_scheduler_dies_on_are_rejected_by_the_engines_types(manager, extra, reason, text):
+    with pytest.raises(ValueError, match=text):
+        _tokenize(manager, [5, 6, 7], **extra)
+    assert _counts() == {"checked": 1, f"rejected:{reason}": 1}
+
+
+@pytest.mark.parametrize("extra", [
+    {"logprob_start_len": -1, "return_logprob": True}, {"logprob_start_len": 0, "return_logprob": True},
+    {"logprob_start_len": 3, "return_logprob": True}, {"top_logprobs_num": 0}, {"top_logprobs_num": -5, "return_logprob": True},  # "none": stock serves it
+    {"top_logprobs_num": True, "return_logprob": True},      # bool: an int to the engine, stock serves it
+    {"sampling": {"stop_token_ids": []}},
+])
+def test_values_stock_serves_pass(manager, extra):
+    _tokenize(manager, [5, 6, 7], **extra)
+    assert _counts() == {"checked": 1}
+
+
+def test_the_guarded_types_are_the_engines_declarations():
+    kinds = input_guard.declared_kinds()
+    assert kinds[("request", "top_logprobs_num")] == ("int", False)
+    assert kinds[("request", "logprob_start_len")] == ("int", False)
+    assert kinds[("sampling_params", "stop_token_ids")] == ("ids", True)
+    with pytest.raises(input_guard.Unchecked):     # a type the guard does not know is not guessed
+        input_guard.kind_of(dict)
 
 
 # --- the check on its own ---------------------------------------------------------------------
 
 def _req(**fields):
     base = dict(input_ids=array("q", [1, 2]), mm_inputs=None, input_embeds=None,
-                sampling_params=types.SimpleNamespace(stop_token_ids=None), top_logprobs_num=0)
+                sampling_params=types.SimpleNamespace(stop_token_ids=None), top_logprobs_num=0,
+                logprob_start_len=-1)
     base.update(fields)
     return types.SimpleNamespace(**base)
+
+
+KINDS = {("request", "logprob_start_len"): ("int", False), ("request", "top_logprobs_num"): ("int", False),
+         ("sampling_params", "stop_token_ids"): ("ids", True)}
 
 
 @pytest.mark.parametrize("fields, why", [
     ({"mm_inputs": object(), "input_ids": array("q", [5_000_000])}, input_guard.MULTIMODAL),
     ({"input_embeds": [[0.0]], "input_ids": array("q", [5_000_000])}, input_guard.EMBEDS),
-    ({"input_ids": [[1, 2], [3]]}, "prompt ids are not a flat integer sequence (list)"),
-    ({"input_ids": [1.5, 2.0]}, "prompt ids are not a flat integer sequence (list)"),
-    ({"sampling_params": types.SimpleNamespace(stop_token_ids={1, "x"})}, "stop_token_ids are not comparable"),
 ])
-def test_shapes_it_cannot_check_fall_back_and_pass(fields, why):
+def test_prompt_ids_it_does_not_check_by_design_fall_back_and_pass(fields, why):
     seen = []
-    assert input_guard.check(_req(**fields), VOCAB, seen.append) is None
+    assert input_guard.check(_req(**fields), VOCAB, KINDS, seen.append) is None
     assert len(seen) == 1 and seen[0].startswith(why) and "passed unchanged" in seen[0]
+
+
+@pytest.mark.parametrize("fields", [
+    {"input_ids": [[1, 2], [3]]}, {"input_ids": [1.5, 2.0]},
+    {"sampling_params": types.SimpleNamespace(stop_token_ids="7")},
+])
+def test_shapes_it_does_not_know_are_unchecked(fields):
+    with pytest.raises(input_guard.Unchecked):
+        input_guard.check(_req(**fields), VOCAB, KINDS)
+
+
+def test_a_stop_id_that_is_not_an_int_is_rejected():
+    bad = input_guard.check(_req(sampling_params=types.SimpleNamespace(stop_token_ids={1, "x"})), VOCAB, KINDS)
+    assert bad == ("stop_token_ids", "stop_token_ids contains 'x', not a token id: this engine expects "
+                                     "an integer in 0..1023")
 
 
 def test_shapes_without_ids_or_with_clean_ids_pass_silently():
     seen = []
     for fields in ({"input_ids": None}, {"input_ids": array("q")}, {"input_ids": [1, 2, 3]},
                    {"input_ids": np.arange(VOCAB, dtype=np.int32)}):
-        assert input_guard.check(_req(**fields), VOCAB, seen.append) is None
+        assert input_guard.check(_req(**fields), VOCAB, KINDS, seen.append) is None
     assert seen == []
 
 
