@@ -7,6 +7,8 @@
 # of requirements/cuda-build.lock in the interpreter (scripts/setup.sh installs them into .venv),
 # else the toolkit of nvcc on PATH (the images); none of them is an error, not a skip.
 # Extra arguments go to build.py (--arch, --heads, --jobs, --out). Incremental (ninja).
+# PYTHON: the interpreter that builds and verifies (default .venv/bin/python; the images set
+# their python3; scripts/setup.sh passes .venv's explicitly).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # `dsv41 check` on the production line of the shipped profile (the image build's gate).
+# PYTHON: the interpreter that runs it (default .venv/bin/python; the images set their python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}

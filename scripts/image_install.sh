@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install this package into an interpreter that already has the pinned engine, after checking
 # the engine's pins. The canary images run it with the image's python; CI with .venv's.
+# PYTHON: that interpreter (default .venv/bin/python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}

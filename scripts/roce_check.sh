@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # RoCE canary gate: the production line carries the NCCL settings TP4 over RoCE needs, and
 # (inside the image, where rdma-core is present) the verbs devices are listed for the log.
+# PYTHON: the interpreter that runs it (default .venv/bin/python; the images set their python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}

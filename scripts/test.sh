@@ -3,7 +3,8 @@
 # pytest-xdist workers (DSV41_TEST_WORKERS), then tests/e2e serially: its real CPU servers are
 # shared between tests through one session and would only fight over the 2 cores in parallel.
 # DSV41_TESTS=e2e runs the e2e part only (.ci/run, after scripts/image_test.sh ran the unit part).
-# PYTHON defaults to the repo's .venv. Extra arguments go to both pytest runs.
+# PYTHON: the interpreter that runs the tests (default the repo's .venv/bin/python). Extra
+# arguments go to both pytest runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}

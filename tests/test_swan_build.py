@@ -116,7 +116,8 @@ def test_the_lock_pins_the_toolkit_wheels_by_hash_and_setup_always_builds():
     assert all(hashes.count("--hash=") == 2 for _, _, hashes in reqs)    # x86_64 and aarch64
     setup = (REPO / "scripts/setup.sh").read_text()
     assert "--require-hashes" in setup and "-r requirements/cuda-build.lock" in setup
-    assert re.search(r"^scripts/build_swan\.sh$", setup, re.M)           # unconditionally
+    # unconditionally, with .venv's interpreter (PYTHON is setup's base interpreter: issue 30.6)
+    assert re.search(r"^PYTHON=\$VENV_PY scripts/build_swan\.sh$", setup, re.M)
 
 
 def test_installed_flashinfer_takes_a_run_time_dsv4_page_size():

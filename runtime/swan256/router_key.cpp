@@ -16,9 +16,10 @@
 //
 // None (the router takes its Python path, which names the reason or keys the call in Python):
 //   q or k_cache missing or None; any of the ten names bound to something that is not a tensor
-//   (None aside); head_dim_v not an exact int; q 0-D, with 0 rows or more rows than a decode call
-//   has (SWAN_DECODE_MAX_TOKENS: the engine's prefill path); a size or stride outside int32; a
-//   tensor torch cannot describe (it throws: sparse, no storage).
+//   (None aside: by its real type, not what __class__ claims, issue 30.4); head_dim_v not an
+//   exact int; q 0-D, with 0 rows or more rows than a decode call has (SWAN_DECODE_MAX_TOKENS:
+//   the engine's prefill path); a size or stride outside int32; a tensor torch cannot describe
+//   (it throws: sparse, no storage).
 //
 // Host code only (no CUDA): built with the host C++ compiler against the installed torch by
 // runtime/swan256/build.py, recorded in the module's manifest, verified at install like the .so.
@@ -49,6 +50,15 @@ constexpr int kMaxWords = 1 + kTensors * (1 + 2 * kMaxDim);
 
 PyObject* g_names[kTensors];
 PyObject* g_head_dim_v;
+
+// A tensor by its real type: torch.Tensor, Parameter or any subclass (the type's MRO). Not
+// THPVariable_Check: its PyObject_IsInstance reads __class__, so an impostor (a
+// MagicMock(spec=torch.Tensor)) would be cast to a THPVariable and crash, and a __class__ that
+// raises would run Python code here. This runs none and sets no error.
+bool is_tensor(PyObject* obj) {
+  if (THPVariableClass == nullptr) return false;     // torch not initialised: nothing is keyed
+  return PyType_IsSubtype(Py_TYPE(obj), reinterpret_cast<PyTypeObject*>(THPVariableClass)) != 0;
+}
 
 bool fits(int64_t v) {
   return v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max();
@@ -100,7 +110,7 @@ int key_words(PyObject* kwargs, int32_t* words) {
       words[n++] = 0;                            // absent
       continue;
     }
-    if (!THPVariable_Check(value)) return 0;
+    if (!is_tensor(value)) return 0;
     const at::Tensor& t = THPVariable_Unpack(value);
     if (i == 0) {                                // q: a decode call's rows
       if (t.dim() == 0) return 0;
@@ -113,11 +123,14 @@ int key_words(PyObject* kwargs, int32_t* words) {
 }
 
 // A tensor whose metadata torch cannot give (sparse, no storage) throws: not keyable, and no
-// C++ exception may cross into the interpreter.
+// C++ exception may cross into the interpreter. A swallowed exception may have left a Python
+// error set (torch's python_error keeps it pending): cleared, or the interpreter would raise it
+// later as a SystemError at an unrelated line.
 int key_words_safe(PyObject* kwargs, int32_t* words) {
   try {
     return key_words(kwargs, words);
   } catch (...) {
+    PyErr_Clear();
     return 0;
   }
 }
