@@ -9,7 +9,7 @@ prefix hit at F, extend [F, L)) with R (cone's replay: prefix on full KV only at
 session's SWA evicted and overwritten with noise, cone's plan / copy / mask / floor as production
 runs them, extend [s, L)), row for row and byte for byte, then DECODE_STEPS decode steps after
 each. Negative controls switch one step off and must be detected. Harness:
-adapter/cpu/cone_forward.py; stand-ins: adapter/cpu/dsv4_attention.py.
+adapter/cpu/cone_forward.py; stand-ins: adapter/cpu/dsv4/attention.py.
 
 Exit 0 only when every case is bit-equal (no evicted-slot read either) and every control is
 detected. Progress per case on stderr. CPU seconds are process time (one torch thread).
@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    from adapter.cpu import dsv4_attention
+    from adapter.cpu.dsv4 import attention as dsv4_attention
 
     dsv4_attention.prepare()
     from adapter.cpu import cone_forward as cf

@@ -6,7 +6,7 @@ The engine's pieces are real: `DeepseekV4AttnBackend` (built by the `dsv4` regis
 SM120 dispatch, pure-torch sparse attention), `DeepSeekV4TokenToKVPool`, `ForwardBatch`, the
 metadata builders, the c4 indexer (torch logits + torch top-k). Cone is installed by the
 production installer, so its hooks wrap the backend's own `_build_forward_metadata` /
-`init_forward_metadata_prefill`. adapter/cpu/dsv4_attention.py holds the few stand-ins.
+`init_forward_metadata_prefill`. adapter/cpu/dsv4/attention.py holds the few stand-ins.
 
 What the harness supplies in place of the model ("a tiny stack"): three attention layers with
 compress ratios 0, 4, 128 (page 256, window 128 as on the cluster). Each row's hidden state
@@ -128,7 +128,7 @@ class _IndexerInputs:
     index_topk = 512
 
     def __init__(self, layer_id: int, x: torch.Tensor, weights):
-        from adapter.cpu.dsv4_attention import FP8, FP8_MAX
+        from adapter.cpu.dsv4.attention import FP8, FP8_MAX
 
         self.layer_id = layer_id
         q = _mm(x, weights.index_q).float().view(x.shape[0], INDEX_HEADS, 128)
@@ -276,7 +276,7 @@ class World:
         three layers; returns each layer's attention output [rows, heads, 512] (float32 of the
         backend's bf16), rows in batch order. `audit(md)` sees each layer's core metadata
         before its attention runs."""
-        from adapter.cpu.dsv4_attention import store_index_k, store_k
+        from adapter.cpu.dsv4.attention import store_index_k, store_k
         from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
         fb, tokens = self._batch(segments, decode)
@@ -414,7 +414,7 @@ class Harness:
     def __init__(self, *, doc: int = DOC, tokens_key: int = 512,
                  progress: Callable[[str], None] | None = None):
         from adapter import installer, swa_cone
-        from adapter.cpu import dsv4_attention
+        from adapter.cpu.dsv4 import attention as dsv4_attention
 
         dsv4_attention.prepare()
         self.progress = progress or (lambda msg: None)
@@ -492,7 +492,7 @@ class Harness:
 
     def _stale_fresh_pages(self, world: World, loc: torch.Tensor) -> None:
         """Fresh pages hold stale data: latents and index keys of something else."""
-        from adapter.cpu.dsv4_attention import store_index_k, store_k
+        from adapter.cpu.dsv4.attention import store_index_k, store_k
 
         g = torch.Generator().manual_seed(NOISE_SEED + 1)
         for layer_id, ratio in enumerate(RATIOS):
@@ -510,7 +510,7 @@ class Harness:
         0 (the padding slot); the harness then overwrites the freed SWA pages and the padding
         page with large noise, so any read of them shows (unless `overwrite` is False). Returns
         the evicted SWA slots as a mask."""
-        from adapter.cpu.dsv4_attention import store_k
+        from adapter.cpu.dsv4.attention import store_k
 
         doc_loc = world.req_to_token[self.DOC_SLOT, :self.doc_len].to(torch.int64)
         freed = world.mapping[doc_loc].clone()

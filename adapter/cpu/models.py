@@ -8,6 +8,10 @@ so attention and outputs depend on the context and greedy choices have clear mar
 
     dense  LlamaForCausalLM, 2 layers, hidden 64, 4 heads / 2 KV heads, vocab 1024
     swa    MellumForCausalLM, layers sliding/full/sliding/full, sliding_window 32 (hybrid SWA)
+    dsv4   DeepseekV4ForCausalLM, 4 layers with compress ratios 0/4/128/4 (window 128, page 256),
+           hidden 256, 8 heads x 512 (448 nope + 64 rope), indexer 4 x 128, MoE 8 routed + 1 shared
+           top-2 (layer 0 hash-routed), mHC x4; written under the checkpoint names the engine's
+           `load_weights` reads, with DeepSeek's special tokens in the tokenizer
 
 Built on first use into <repo>/.cache/cpu-models/<name>-<digest>/ (or $DSV41CPU_CACHE); the
 digest covers the recipe, so a recipe change builds a new directory.
@@ -47,6 +51,31 @@ _COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_atte
                rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
                torch_dtype="float32")
 
+# The tiny DeepSeek-V4 (SPEC "A whole DeepSeek-V4 in the real server on CPU"). head_dim 512 = 448 +
+# 64 is fixed by the V4 pool row; window 128 and the engine's page 256 are the cluster's. A prompt
+# past 128 tokens already leaves the SWA window, so cone's lost-window resume needs only small pools.
+DSV4_CONFIG = dict(
+    model_type="deepseek_v4", vocab_size=VOCAB, hidden_size=256, num_hidden_layers=4,
+    compress_ratios=[0, 4, 128, 4], num_attention_heads=8, num_key_value_heads=1,
+    qk_nope_head_dim=448, qk_rope_head_dim=64, v_head_dim=512, kv_lora_rank=512, q_lora_rank=128,
+    o_lora_rank=64, o_groups=2, index_n_heads=4, index_head_dim=128, index_topk=512,
+    window_size=128, sliding_window=128, head_dim=512, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
+    moe_intermediate_size=128, intermediate_size=256, scoring_func="sqrtsoftplus",
+    topk_method="noaux_tc", n_group=1, topk_group=1, routed_scaling_factor=1.5,
+    norm_topk_prob=True, num_hash_layers=1, hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6,
+    rms_norm_eps=1e-6, rope_theta=10000, compress_rope_theta=40000,
+    max_position_embeddings=MAX_POSITIONS,
+    rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192,
+                  "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+    num_nextn_predict_layers=0, bos_token_id=0, eos_token_id=1, tie_word_embeddings=False,
+    torch_dtype="bfloat16")
+# DeepSeek's special tokens (what deepseek-recipe renders; the engine's image placeholder too).
+DSV4_SPECIAL_TOKENS = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>", "<｜User｜>",
+                       "<｜Assistant｜>", "<｜System｜>", "<think>", "</think>",
+                       "<｜latest_reminder｜>", "<｜image｜>", "<｜deepseek_image｜>", "<｜box｜>",
+                       "<｜/box｜>", "<｜point｜>", "<｜/point｜>", "<｜polygon｜>", "<｜/polygon｜>",
+                       "<｜ref｜>", "<｜/ref｜>"]
+
 RECIPES = {
     "dense": ModelRecipe("dense", "LlamaConfig", "LlamaForCausalLM",
                          dict(_COMMON, num_hidden_layers=2)),
@@ -55,6 +84,7 @@ RECIPES = {
                             layer_types=["sliding_attention", "full_attention",
                                          "sliding_attention", "full_attention"],
                             mlp_layer_types=["dense"] * 4)),
+    "dsv4": ModelRecipe("dsv4", "DeepSeekV4Config", "DeepseekV4ForCausalLM", DSV4_CONFIG),
 }
 
 
@@ -104,21 +134,22 @@ def _corpus(n_lines: int = 4000) -> list[str]:
     return lines
 
 
-def _build_tokenizer(out: pathlib.Path) -> None:
+def _build_tokenizer(out: pathlib.Path, special_tokens=("<pad>", "<s>", "</s>"), bos="<s>",
+                     eos="</s>", pad="<pad>") -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<pad>", "<s>", "</s>"],
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=list(special_tokens),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     tok.train_from_iterator(_corpus(), trainer=trainer)
     if tok.get_vocab_size() != VOCAB:
         raise RuntimeError(f"tokenizer trained to {tok.get_vocab_size()} tokens, expected {VOCAB}")
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>", model_max_length=MAX_POSITIONS)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos,
+                                   pad_token=pad, model_max_length=MAX_POSITIONS)
     fast.save_pretrained(str(out))
 
 
@@ -150,11 +181,114 @@ def _build(recipe: ModelRecipe, out: pathlib.Path) -> None:
     import transformers
     from safetensors.torch import save_file
 
+    if recipe.name == "dsv4":
+        _build_dsv4(recipe, out)
+        return
+
     config = getattr(transformers, recipe.config_class)(**recipe.config)
     config.architectures = [recipe.model_class]
     config.save_pretrained(str(out))
     _build_tokenizer(out)
     save_file(_weights(recipe, config), str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "dsv41-recipe.json").write_text(json.dumps(
+        {"name": recipe.name, "digest": recipe.digest(), "recipe_version": RECIPE_VERSION,
+         "seed": SEED, "config": recipe.config}, indent=2, sort_keys=True) + "\n")
+
+
+# --- dsv4 -------------------------------------------------------------------------------------
+
+def dsv4_checkpoint_shapes(config: dict) -> dict:
+    """{checkpoint name: shape} of the tiny DeepSeek-V4, in the names `load_weights` remaps (the
+    engine fuses wq_a + wkv into wqkv_a, a compressor's wkv + wgate into wkv_gate, gate_proj +
+    up_proj into gate_up_proj / the experts' w13)."""
+    h, v = config["hidden_size"], config["vocab_size"]
+    heads, hd = config["num_attention_heads"], 512
+    q_lora, o_lora, groups = config["q_lora_rank"], config["o_lora_rank"], config["o_groups"]
+    hc, inter = config["hc_mult"], config["moe_intermediate_size"]
+    ih, idim = config["index_n_heads"], config["index_head_dim"]
+    mix = (2 + hc) * hc
+    shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,),
+              "lm_head.weight": (v, h), "model.hc_head_fn": (hc, hc * h),
+              "model.hc_head_base": (hc,), "model.hc_head_scale": (1,)}
+    for i, ratio in enumerate(config["compress_ratios"]):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+            p + "hc_attn_fn": (mix, hc * h), p + "hc_ffn_fn": (mix, hc * h),
+            p + "hc_attn_base": (mix,), p + "hc_ffn_base": (mix,),
+            p + "hc_attn_scale": (3,), p + "hc_ffn_scale": (3,),
+            p + "self_attn.attn_sink": (heads,), p + "self_attn.wq_a.weight": (q_lora, h),
+            p + "self_attn.wkv.weight": (hd, h), p + "self_attn.q_norm.weight": (q_lora,),
+            p + "self_attn.wq_b.weight": (heads * hd, q_lora), p + "self_attn.kv_norm.weight": (hd,),
+            p + "self_attn.wo_a.weight": (groups * o_lora, heads * hd // groups),
+            p + "self_attn.wo_b.weight": (h, groups * o_lora),
+            p + "mlp.gate.weight": (config["n_routed_experts"], h),
+            p + "mlp.shared_experts.gate_proj.weight": (inter, h),
+            p + "mlp.shared_experts.up_proj.weight": (inter, h),
+            p + "mlp.shared_experts.down_proj.weight": (h, inter)})
+        if i < config["num_hash_layers"]:
+            shapes[p + "mlp.gate.tid2eid"] = (v, config["num_experts_per_tok"])
+        else:
+            shapes[p + "mlp.gate.e_score_correction_bias"] = (config["n_routed_experts"],)
+        for e in range(config["n_routed_experts"]):
+            shapes.update({f"{p}mlp.experts.{e}.gate_proj.weight": (inter, h),
+                           f"{p}mlp.experts.{e}.up_proj.weight": (inter, h),
+                           f"{p}mlp.experts.{e}.down_proj.weight": (h, inter)})
+        compressors = []
+        if ratio:
+            compressors.append((p + "self_attn.compressor.", hd, ratio))
+        if ratio == 4:
+            compressors.append((p + "self_attn.indexer.compressor.", idim, ratio))
+            shapes.update({p + "self_attn.indexer.wq_b.weight": (ih * idim, q_lora),
+                           p + "self_attn.indexer.weights_proj.weight": (ih, h)})
+        for c, dim, r in compressors:
+            coff = 2 if r == 4 else 1
+            shapes.update({c + "ape": (r, coff * dim), c + "wkv.weight": (coff * dim, h),
+                           c + "wgate.weight": (coff * dim, h), c + "norm.weight": (dim,)})
+    return shapes
+
+
+def _dsv4_weights(config: dict) -> dict:
+    """Seeded weights with the scales the other models use (norms 1, projections ~N(0, 1/fan_in),
+    embeddings ~N(0, 1), lm_head x4), plus: mHC mixes, sinks, ape and biases small so every
+    stream and every token of a compressed group count; hash routes distinct experts per token."""
+    import torch
+
+    gen = torch.Generator().manual_seed(SEED)
+    tensors = {}
+    for name, shape in sorted(dsv4_checkpoint_shapes(config).items()):
+        if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+            value = torch.ones(shape)
+        elif name.endswith("tid2eid"):
+            n_exp = config["n_routed_experts"]
+            first = torch.randint(0, n_exp, (shape[0],), generator=gen)
+            step = torch.randint(1, n_exp, (shape[0],), generator=gen)
+            value = torch.stack([first, (first + step) % n_exp], dim=1).to(torch.int32)
+        elif name.endswith("embed_tokens.weight"):
+            value = torch.randn(shape, generator=gen)
+        elif name.endswith(("hc_attn_scale", "hc_ffn_scale", "hc_head_scale")):
+            value = torch.full(shape, 0.5)
+        elif name.endswith(("hc_attn_base", "hc_ffn_base", "hc_head_base", "attn_sink", "ape",
+                            "e_score_correction_bias")):
+            value = torch.randn(shape, generator=gen) * 0.1
+        elif len(shape) == 2:
+            value = torch.randn(shape, generator=gen) / shape[1] ** 0.5
+            if name == "lm_head.weight":
+                value = value * 4.0
+        else:
+            raise RuntimeError(f"no init rule for {name} {shape}")
+        tensors[name] = value.contiguous()
+    return tensors
+
+
+def _build_dsv4(recipe: ModelRecipe, out: pathlib.Path) -> None:
+    from safetensors.torch import save_file
+
+    config = dict(recipe.config, architectures=[recipe.model_class])
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    special = DSV4_SPECIAL_TOKENS
+    _build_tokenizer(out, special_tokens=special, bos=special[0], eos=special[1], pad=special[2])
+    save_file(_dsv4_weights(recipe.config), str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "dsv41-recipe.json").write_text(json.dumps(
         {"name": recipe.name, "digest": recipe.digest(), "recipe_version": RECIPE_VERSION,
          "seed": SEED, "config": recipe.config}, indent=2, sort_keys=True) + "\n")

@@ -15,6 +15,8 @@ then runs the next sitecustomize on sys.path: the repo's own, exactly as product
      process writes "[dsv41-cpu] imported <module> from <file>:<line>" (the importing frame);
   7. DSV41CPU_AUTOTUNE_AGREE=<dir> (tests only): each scheduler runs the engine's autotune cache
      agreement over its TP group once it is up (adapter/cpu/autotune_agree.py).
+  8. DSV41CPU_DSV4=1 (model="dsv4"): the DeepSeek-V4 stand-ins for the GPU kernels, rebound in
+     each engine module as it imports, and the GB10 (SM120) platform (adapter/cpu/dsv4/).
 Failures end the process loudly: `site` would swallow them.
 """
 import os
@@ -58,6 +60,10 @@ def _arm():
         from adapter.cpu import autotune_agree
 
         wrapt.register_post_import_hook(autotune_agree.apply, autotune_agree.MODULE)
+    if os.environ.get("DSV41CPU_DSV4") == "1":
+        from adapter.cpu import dsv4
+
+        dsv4.install()
     for name in filter(None, os.environ.get("DSV41CPU_WATCH_IMPORTS", "").split(",")):
         wrapt.register_post_import_hook(_report_import, name)
 

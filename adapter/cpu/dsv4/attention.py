@@ -1,6 +1,6 @@
 """The engine's DeepSeek-V4 attention backend on CPU: the stand-ins its GB10 (SM120) route needs.
 
-Tests and benches only; nothing in production imports this module. The backend class, the pool,
+Tests, benches and CPU test servers only; nothing in production imports this module. The backend class, the pool,
 the ForwardBatch, the metadata builders, the SWA page indices, the c4 indexer (logits + top-k)
 and the sparse attention are the engine's own: `SGLANG_SM120_FLASHMLA_BACKEND=torch` selects the
 pure-torch `_sm120_sparse_decode_fwd`, `SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1` the torch indexer
@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 
 import torch
+
+from adapter.cpu.dsv4.metadata import init_compression_metadata_torch  # noqa: F401 (cpu_route)
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -25,35 +27,6 @@ def prepare() -> None:
     from adapter.cpu import cpu_engine
 
     cpu_engine.install_torchvision_shim()
-
-
-def init_compression_metadata_torch(seq_lens, positions, raw_out_loc, page_table=None,
-                                    page_size=0, compute_page_indices=True):
-    """Torch version of metadata_kernel.init_compression_metadata (production: the Triton kernel
-    `_init_compressed_attn_metadata_kernel`); same nine outputs, same rule row by row."""
-    device = seq_lens.device
-    n_write = raw_out_loc.shape[0]
-    seq = seq_lens.to(torch.int64)
-    pos = positions.to(torch.int64)
-    raw = raw_out_loc.to(torch.int64)
-    out = []
-    for ratio in (4, 128):
-        compress = seq[:n_write] % ratio == 0
-        out_loc = torch.where(compress, raw // ratio, torch.zeros_like(raw))
-        c_pos = (pos & ~(ratio - 1)).to(torch.int32)
-        c_raw = (seq // ratio).to(torch.int32)
-        out += [out_loc, c_pos, c_raw, c_raw.clamp_min(1)]
-    page_indices = None
-    if compute_page_indices:
-        assert page_table is not None and page_size >= 128 and page_size % 128 == 0
-        c128_page = page_size // 128
-        width = c128_page * page_table.shape[1]
-        offsets = torch.arange(width, device=device)
-        slots = (page_table.to(torch.int64)[:, offsets // c128_page] * c128_page
-                 + offsets % c128_page)
-        valid = offsets[None, :] < (seq // 128)[:, None]
-        page_indices = torch.where(valid, slots, torch.full_like(slots, -1)).to(torch.int32)
-    return (*out, page_indices)
 
 
 def create_paged_compressor_data_stand_in(compress_ratio, **_):
@@ -133,3 +106,10 @@ def cpu_route():
     finally:
         for owner, name, value in saved:
             setattr(owner, name, value)
+
+
+def force_sm120(runtime_context) -> None:
+    """Stand-in for the GB10 probe (production: the device reports compute capability 12.x):
+    the process-wide platform says is_sm120 from now on, as `override_platform(is_sm120=True)`
+    does for a scope. CPU servers only (adapter.cpu.dsv4.install)."""
+    runtime_context.override_platform(is_sm120=True).install()

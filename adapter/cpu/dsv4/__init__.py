@@ -1,0 +1,98 @@
+"""CPU stand-ins for what the engine's DeepSeek-V4 forward runs on GPUs (Triton, CUDA-JIT,
+TileLang), one function each, grouped by the engine module they stand in for:
+
+    attention.py   the attention backend's metadata pieces and the V4 KV stores (cone's harness)
+    metadata.py    deepseek_v4_backend._init_compression_metadata_triton
+    compressor.py  compressor_v2.create_paged_compressor_data, compress.compress_forward,
+                   compress.compress_norm_rope_store
+    norm_rope.py   norm_rope.fused_* (q / k / kv norm + rope, indexer q quant), get_rope_wrapper
+    mhc.py         mhc.hc_split_sinkhorn, mhc.mhc_combine
+
+Tests, benches and CPU test servers only: `install()` runs from the CPU harness sitecustomize
+(adapter/cpu/site/) when DSV41CPU_DSV4=1, which adapter/cpu/server.py sets for model="dsv4".
+Nothing in production imports this package. See docs/cpu_server.md for the full list.
+"""
+from __future__ import annotations
+
+import sys
+
+# The engine's GB10 route and torch paths (SPEC "A whole DeepSeek-V4 in the real server on CPU").
+ENGINE_ENV = {
+    "SGLANG_SM120_FLASHMLA_BACKEND": "torch",
+    "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH": "1",
+    "SGLANG_OPT_FUSE_MHC_POST_PRE": "0",
+    "SGLANG_OPT_USE_TILELANG_MHC_PRE": "0",
+    "SGLANG_OPT_USE_TILELANG_MHC_POST": "0",
+    "SGLANG_OPT_DEEPGEMM_HC_PRENORM": "0",
+    "SGLANG_OPT_USE_FUSED_HASH_TOPK": "0",
+}
+
+
+def _stand_ins() -> dict:
+    """{engine module: {name: stand-in}}: the defining modules and every module that binds the
+    name with `from ... import` (rebinding only where the engine's original is bound)."""
+    from adapter.cpu.dsv4 import compressor, metadata, mhc, norm_rope
+
+    rope = {"fused_rope_inplace": norm_rope.fused_rope_inplace,
+            "fused_norm_rope_inplace": norm_rope.fused_norm_rope_inplace,
+            "fused_q_norm_rope": norm_rope.fused_q_norm_rope,
+            "fused_q_indexer_rope_hadamard_quant": norm_rope.fused_q_indexer_rope_hadamard_quant,
+            "fused_k_norm_rope_flashmla": norm_rope.fused_k_norm_rope_flashmla}
+    compress = {"compress_forward": compressor.compress_forward,
+                "compress_norm_rope_store": compressor.compress_norm_rope_store}
+    plan = {"create_paged_compressor_data": compressor.create_paged_compressor_data}
+    mhc_ops = {"hc_split_sinkhorn": mhc.hc_split_sinkhorn, "mhc_combine": mhc.mhc_combine}
+    return {
+        "sglang.kernels.ops.attention.dsv4.norm_rope": rope,
+        "sglang.kernels.ops.attention.dsv4": {**rope, **compress},
+        "sglang.kernels.ops.attention.dsv4.compress": compress,
+        "sglang.kernels.ops.layernorm.mhc": mhc_ops,
+        "sglang.srt.layers.rotary_embedding": {"get_rope_wrapper": norm_rope.get_rope_wrapper},
+        "sglang.srt.layers.attention.dsv4.compressor_v2": {**compress, **plan},
+        "sglang.srt.layers.attention.dsv4.indexer": rope,
+        "sglang.srt.mem_cache.deepseek_v4_memory_pool": rope,
+        "sglang.srt.models.deepseek_v4": {**rope, **mhc_ops,
+                                          "get_rope_wrapper": norm_rope.get_rope_wrapper},
+        "sglang.srt.models.deepseek_v4_mhc": mhc_ops,
+        "sglang.srt.layers.attention.deepseek_v4_backend": {
+            **plan, "_init_compression_metadata_triton": metadata.init_compression_metadata_torch},
+    }
+
+
+def _rebind(module, names: dict) -> list:
+    """Replace the module's bindings of `names` with the stand-ins; returns what it replaced."""
+    from adapter.cpu.dsv4 import norm_rope
+
+    done = []
+    for name, stand_in in names.items():
+        current = module.__dict__.get(name)
+        if current is None or current is stand_in:
+            continue
+        if name == "get_rope_wrapper" and norm_rope._ENGINE_GET_ROPE_WRAPPER is None:
+            norm_rope._ENGINE_GET_ROPE_WRAPPER = current
+        setattr(module, name, stand_in)
+        done.append(name)
+    return done
+
+
+def install() -> None:
+    """Arm the stand-ins in this process: each engine module is rebound when it is imported
+    (or now, if it already is), and the platform probe answers GB10 (SM120)."""
+    import wrapt
+
+    for target, names in _stand_ins().items():
+        def hook(module, names=names):
+            done = _rebind(module, names)
+            if done:
+                sys.stderr.write(f"[dsv41-cpu] dsv4 stand-ins in {module.__name__}: "
+                                 f"{', '.join(sorted(done))}\n")
+        wrapt.register_post_import_hook(hook, target)
+    wrapt.register_post_import_hook(_sm120, "sglang.srt.runtime_context")
+
+
+def _sm120(module) -> None:
+    """The GB10 probe (production: the device's compute capability 12.x): the platform this
+    process reports says is_sm120, so the backend takes the SM120 route (torch sparse decode)."""
+    from adapter.cpu.dsv4.attention import force_sm120
+
+    force_sm120(module)
