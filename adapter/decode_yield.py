@@ -45,6 +45,10 @@ order); the installed line names the model in use. Every rank reads the same env
 
 Receipts: `[dsv41] decode_yield installed: ...` at install; one line per chunked prompt that
 yielded, when it leaves chunked prefill: chunks yielded, decode steps planned and run, early ends.
+
+On a contained exception (`internal error (<type>)`): only the yield's own state of that scheduler
+is dropped (stock interval from then on); the engine's batch, queues and interval counter are as
+its own step left them (each hook calls the engine first, or instead), so no answer changes.
 """
 from __future__ import annotations
 

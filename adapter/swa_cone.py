@@ -26,11 +26,31 @@ Cone plans only where that forward side will run (`forward_side()`: the dsv4 pre
 HIP and NPU, from the published server arguments); anywhere else a lost resume point gets the
 fallback line and the stock match. Every decision reads replicated state only (server arguments, tree,
 request, budgets): all TP ranks plan alike. DSV41_SWA_CONE_TEST=1 (test only) re-reads each copy and checks it byte for byte.
+
+Failures (issue 30). A pool the copy cannot address (unified_kv, HiSparse C4) is found at the
+match, from the pool's layout: no plan, stock match kept. Once a request is admitted as a hit at
+s, floor and mask alone do not make its answer right: a copy that did not land (an exception in
+copy_resident, which may already have moved some buffers: torch.OutOfMemoryError, a ValueError of
+its page checks, any RuntimeError, the DSV41_SWA_CONE_TEST check) leaves stale or half-copied
+latents / index keys in the replay rows' pages, which rows >= F read; with the mask off they would
+hold the replay rows' own latents, computed from a floored window. So any failure after a plan is
+taken (plan step, store drop, copy, mask / floor building, a pass shorter than the replay) fails
+that request through the engine's own path for a forward that ran on KV that never landed (as its
+external-linker load failure does): `Req.discard_output_reason` = FINISH_ABORT (HTTP 503, the
+message names the replay and the reason) and `Req.skip_radix_cache_insert`. Its pass still runs
+floored and masked (its rows neither overwrite shared bytes nor read evicted slots); the engine's
+result processor then drops its output, finishes it with that error and releases its KV without
+inserting any (middle chunks are stashed without an insert too). Forward-side failures are
+agreed across TP ranks (MIN over the cache's attention TP groups) so every rank fails the same
+requests. State left by a contained exception: the stock match (match, admission steps), or the
+request failed as above with the tree and every other request as stock (plan and forward steps);
+no exception of cone's reaches the scheduler loop or the model worker.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
+import weakref
 from typing import Any, Optional
 
 from adapter import receipts
@@ -38,7 +58,10 @@ from adapter import receipts
 ADAPTER = "swa_cone"
 CAND_ATTR = "_dsv41_cone_candidate"
 FLOOR_ATTR = "_dsv41_cone_floor"
-MAX_PENDING_PLANS = 4096
+# Plans wait in the store from admission to their first pass (the same scheduler step), so
+# the store normally holds one round's replays (<= one chunk of rows, 8 B each). Entries of
+# requests that left before their pass are pruned at each plan; the byte bound is the backstop.
+MAX_PLAN_BYTES = 64 << 20
 
 # Counter keys in receipts.counters["swa_cone"] (series: adapter/metrics.py KEYS).
 COUNTERS = {
@@ -46,7 +69,13 @@ COUNTERS = {
     "plans": "replays planned",
     "replay_tokens": "tokens replayed by the planned replays",
     "copies": "replay copies of full-attention latents into the replay rows",
+    "plans_dropped": "plans removed before their first pass ran (request gone or finished, rid "
+                     "reused, store over MAX_PLAN_BYTES); a still-pending request among them is "
+                     "failed (replays_aborted)",
+    "replays_aborted": "planned requests failed with HTTP 503 because their replay could not be "
+                       "prepared exactly (copy, mask or floor failed, on any TP rank)",
 }
+ABORT_STATUS = 503          # HTTPStatus.SERVICE_UNAVAILABLE: the engine's status for KV that never landed
 
 _PLAN_FIELDS = ("prefix_len", "last_node", "last_host_node", "best_match_node", "host_hit_length",
                 "swa_host_hit_length", "num_matched_prefix_tokens", "swa_branching_seqlen")
@@ -71,6 +100,17 @@ class Plan:
     s: int
     L: int
     src_loc: Any            # resident full slots of [s, F) (CPU int64)
+    req: Any = None         # weakref.ref to the admitted Req (what a failed replay aborts)
+    tree: Any = None        # the request's UnifiedRadixCache (its TP groups agree on a verdict)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.src_loc.numel()) * 8 + 256
+
+    def pending(self):
+        """The request, while it still waits for its first pass (alive, not finished); else None."""
+        req = self.req() if self.req is not None else None
+        return None if req is None or req.finished() else req
 
 
 class Cone:
@@ -114,6 +154,15 @@ class Cone:
             receipts.fallback(ADAPTER, "host (HiCache) hit on the match; stock match kept")
             return None
         page = cache.page_size
+        from adapter import swa_cone_copy as cc
+
+        try:
+            # Decided here, before admission, from the pool's layout (alike on every rank): a
+            # replay whose copy cannot run is never planned.
+            cc.check_pool(cache.token_to_kv_pool_allocator.get_kvcache(), page)
+        except cc.UnsupportedPool as exc:
+            receipts.fallback(ADAPTER, f"{exc}: the copy cannot run; stock match kept")
+            return None
         s = max(0, F - self.tokens) // page * page
         if s <= stock:
             receipts.fallback(ADAPTER, "replay start F-N is not past the stock hit; stock match kept")
@@ -140,11 +189,15 @@ class Cone:
                          node_s=node_s, node_F=node_F)
 
     def add_one_req(self, original, adder, req, *args, **kwargs):
-        if self.plans:
+        if self.plans and req.rid in self.plans:
             # A plan is consumed by its request's first pass, right after the admission that made
             # it; one still here for this rid belongs to an earlier admission whose pass never ran
             # (aborted first; a client reusing the rid): it must not meet this request's pass.
-            self.plans.pop(req.rid, None)
+            try:
+                self._drop(req.rid, "rid admitted again before its planned pass", keep=req)
+            except Exception as exc:  # noqa: BLE001 - cone's own logic only
+                self.plans.pop(req.rid, None)
+                _contained("stale plan", exc)
         cand = getattr(req, CAND_ATTR, None)
         if cand is None:
             return original(adder, req, *args, **kwargs)
@@ -180,8 +233,11 @@ class Cone:
             return verdict
         try:
             self._commit(tree, req, cand, root)
-        except Exception as exc:  # noqa: BLE001 - cone's own logic only; admitted as a hit at s
-            _contained("plan", exc)
+        except Exception as exc:  # noqa: BLE001 - cone's own logic only
+            # Admitted as a prefix hit at s with no plan: nothing would copy, mask and floor its
+            # first pass, so the request is failed (its KV kept out of the tree), not served.
+            self._abort(req, req.rid, cand.s, cand.F,
+                        f"internal error in the plan step ({type(exc).__name__})")
         return verdict
 
     def select_admission(self, original, adder, req, *args, **kwargs):
@@ -210,20 +266,71 @@ class Cone:
     def _commit(self, tree, req, cand: Candidate, root) -> None:
         import torch
 
-        old = req.lock
-        req.lock = tree.lock(cand.node_F)   # keeps [s, F) resident until the first checkpoint
-        tree.unlock(old)
+        # Everything that can fail runs before the lock moves; the plan is stored last.
         src = tree.tree_core.collect_full_device_indices(cand.node_F, root)[cand.s:cand.F]
         plan = Plan(rid=req.rid, F=cand.F, s=cand.s, L=len(req.full_untruncated_fill_ids),
-                    src_loc=src.to(device="cpu", dtype=torch.int64, copy=True))
-        self.plans[req.rid] = plan
-        while len(self.plans) > MAX_PENDING_PLANS:
-            self.plans.popitem(last=False)
+                    src_loc=src.to(device="cpu", dtype=torch.int64, copy=True),
+                    req=weakref.ref(req), tree=tree)
+        old = req.lock
+        new = tree.lock(cand.node_F)        # keeps [s, F) resident until the first checkpoint
+        try:
+            tree.unlock(old)
+        except BaseException:
+            tree.unlock(new)                # the request keeps its admission lock
+            raise
+        req.lock = new
+        self._store(plan)
         self.counters["plans"] += 1
         self.counters["replay_tokens"] += cand.F - cand.s
         receipts.line(ADAPTER, "plan request=%s F=%d s=%d L=%d replay=%d first_pass=[%d,%d) "
                       "stock_prefix=%d", req.rid, plan.F, plan.s, plan.L, plan.F - plan.s,
                       plan.s, req.extend_end, cand.stock_len)
+
+    # ---- plan store ----------------------------------------------------------------------------
+
+    def _store(self, plan: Plan) -> None:
+        """Add `plan`; prune plans whose request left before its pass; keep the store under
+        MAX_PLAN_BYTES by dropping the oldest (failing its request if it still waits)."""
+        for rid in [r for r, p in self.plans.items() if p.pending() is None]:
+            self._drop(rid, None)
+        self.plans[plan.rid] = plan
+        while len(self.plans) > 1 and self.plan_bytes() > MAX_PLAN_BYTES:
+            self._drop(next(iter(self.plans)), f"plan store over {MAX_PLAN_BYTES >> 20} MiB")
+
+    def plan_bytes(self) -> int:
+        return sum(p.nbytes for p in self.plans.values())
+
+    def _take(self, rid: str) -> Plan:
+        return self.plans.pop(rid)
+
+    def _drop(self, rid: str, reason: Optional[str], keep=None) -> None:
+        """Remove a plan whose pass has not run. A request still waiting for that pass (other
+        than `keep`, the one being admitted) would run it unfloored: it is failed."""
+        plan = self._take(rid)
+        self.counters["plans_dropped"] += 1
+        req = plan.pending()
+        if req is not None and req is not keep and reason is not None:
+            self._abort(req, plan.rid, plan.s, plan.F, f"plan dropped: {reason}")
+
+    def _abort(self, req, rid: str, s: int, F: int, reason: str) -> None:
+        """Fail one admitted request through the engine's own path for a forward that ran on KV
+        that never landed (the external-linker load failure does the same): its output is
+        dropped, it finishes with FINISH_ABORT (HTTP 503) at the end of its prefill, and none of
+        its KV is inserted into the tree (checkpoint_kv_cache / release_kv_cache skip it)."""
+        from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+        self.counters["replays_aborted"] += 1
+        receipts.fallback(ADAPTER, f"{reason}: request failed (HTTP 503), its KV kept out of "
+                                   "the tree")
+        receipts.line(ADAPTER, "abort request=%s rows=[%d,%d): %s", rid, s, F, reason)
+        if req is None or req.finished():
+            return                          # gone: nothing will read its output
+        req.skip_radix_cache_insert = True
+        if req.discard_output_reason is None:
+            req.discard_output_reason = FINISH_ABORT(
+                f"swa_cone: the replay of tokens [{s}, {F}) could not be prepared ({reason}); "
+                "the request was failed rather than answered from unprepared KV; retry it",
+                ABORT_STATUS)
 
     # ---- forward side -----------------------------------------------------------------------
 
@@ -232,75 +339,126 @@ class Cone:
             try:
                 self.apply(forward_batch, pool=backend.token_to_kv_pool,
                            req_to_token=backend.req_to_token, page_size=backend.page_size)
-            except Exception as exc:  # noqa: BLE001 - cone's own logic only
-                _contained("copy", exc)
+            except Exception as exc:  # noqa: BLE001 - cone's own logic only (apply fails its
+                _contained("copy", exc)  # taken plans itself; this is its last resort)
         return original(backend, forward_batch, *args, **kwargs)
 
     def init_prefill_metadata(self, original, backend, *args, **kwargs):
         fb = kwargs.get("forward_batch")
-        try:
-            floor = getattr(fb, FLOOR_ATTR, None) if fb is not None else None
-            if (floor is not None and kwargs.get("swa_replay_start") is None
-                    and backend.token_to_kv_pool.request_window is None):
-                kwargs["swa_replay_start"] = _pad_to(floor, kwargs["out_cache_loc"].shape[0])
-        except Exception as exc:  # noqa: BLE001 - cone's own logic only
-            _contained("window floor", exc)
+        floor = getattr(fb, FLOOR_ATTR, None) if fb is not None else None
+        if floor is not None and kwargs.get("swa_replay_start") is None:
+            try:
+                paged = backend.token_to_kv_pool.request_window is None
+                if paged:
+                    floor = _pad_to(floor, kwargs["out_cache_loc"].shape[0])
+            except Exception as exc:  # noqa: BLE001 - cone's own logic only
+                _contained("window floor", exc)     # the unpadded floor still covers every row
+                paged = True
+            if paged:
+                kwargs["swa_replay_start"] = floor
         return original(backend, *args, **kwargs)
 
     def apply(self, fb, *, pool, req_to_token, page_size) -> list:
-        """Copy, mask and floor for the rows of the planned requests in this forward batch."""
-        from adapter import swa_cone_copy as cc
+        """Copy, mask and floor for the rows of the planned requests in this forward batch.
 
+        Once a plan is taken from the store its request's fate is settled here: either its copy,
+        mask and floor are all in place on every TP rank, or it is failed (`_abort`) with its
+        mask and floor kept for this pass. Nothing in between is served."""
         rids = getattr(fb, "rids", None) or ()
         if not rids or not any(r in self.plans for r in rids):
             return []
-        if not fb.forward_mode.is_extend() or fb.extend_prefix_lens_cpu is None:
+        if not fb.forward_mode.is_extend():
             return []
-        prefix = list(fb.extend_prefix_lens_cpu)
-        extend = list(fb.extend_seq_lens_cpu)
-        slots = (fb.req_pool_indices_cpu if fb.req_pool_indices_cpu is not None
-                 else fb.req_pool_indices.cpu()).tolist()
-        applied, replay, floors = [], [0] * len(rids), [0] * len(rids)
-        for i, rid in enumerate(rids):
-            plan = self.plans.get(rid)
-            if plan is None or prefix[i] != plan.s:
-                continue
-            self.plans.pop(rid)
-            n = plan.F - plan.s
-            if extend[i] < n:
-                receipts.fallback(ADAPTER, "forward pass shorter than the planned replay; "
-                                           "replay rows compute their own latents")
+        try:
+            prefix = list(fb.extend_prefix_lens_cpu)
+            rows = [i for i, rid in enumerate(rids)
+                    if rid in self.plans and prefix[i] == self.plans[rid].s]
+        except Exception as exc:  # noqa: BLE001 - the batch does not say which pass this is
+            rows = [i for i, rid in enumerate(rids) if rid in self.plans]
+            for i in rows:
+                plan = self._take(rids[i])
+                self._abort(plan.pending(), plan.rid, plan.s, plan.F,
+                            f"batch without readable prefix lengths ({type(exc).__name__})")
+            return []
+        taken = [(i, self._take(rids[i])) for i in rows]
+        if not taken:
+            return []
+        applied, failed = self._prepare(fb, taken, pool=pool, req_to_token=req_to_token,
+                                        page_size=page_size)
+        failed = self._agree(taken, failed)
+        for (i, plan), reason in zip(taken, failed):
+            if reason is not None:
+                self._abort(plan.pending(), plan.rid, plan.s, plan.F, reason)
+        return [a for a, reason in zip(applied, failed) if a is not None and reason is None]
+
+    def _prepare(self, fb, taken: list, *, pool, req_to_token, page_size) -> tuple:
+        """Copy each taken plan's resident rows, then set the mask and the floor for all of them
+        (failed ones too: their rows then neither overwrite shared bytes nor read evicted slots).
+        Returns ([(plan, report) or None], [failure reason or None]) per taken plan; never raises."""
+        from adapter import swa_cone_copy as cc
+
+        applied = [None] * len(taken)
+        failed: list = [None] * len(taken)
+        try:
+            extend = list(fb.extend_seq_lens_cpu)
+            slots = (fb.req_pool_indices_cpu if fb.req_pool_indices_cpu is not None
+                     else fb.req_pool_indices.cpu()).tolist()
+            replay, floors = [0] * len(extend), [0] * len(extend)
+            for j, (i, plan) in enumerate(taken):
+                n = plan.F - plan.s
                 floors[i] = plan.s
-                continue
-            dst = req_to_token[slots[i], plan.s:plan.F]
-            src = plan.src_loc.to(dst.device)
-            try:
-                report = cc.copy_resident(pool, src, dst, page_size=page_size)
-            except cc.UnsupportedPool as exc:
-                receipts.fallback(ADAPTER, f"{exc}: replay rows compute their own latents")
-                floors[i] = plan.s
-                continue
-            if self.test:
-                _verify_copy(pool, src, dst, page_size)
-            replay[i], floors[i] = n, plan.s
-            applied.append((plan, report))
-            self.counters["copies"] += 1
-            receipts.line(ADAPTER, "copy request=%s rows=[%d,%d) pages=%d buffers=%d bytes=%d",
-                          rid, plan.s, plan.F, report.full_pages, report.buffers, report.bytes)
-        if not any(floors):
-            return applied
-        device = fb.out_cache_loc.device
-        if any(replay):
-            if fb.encoder_swa_compress_rows is not None or fb.encoder_swa_replay:
-                receipts.fallback(ADAPTER, "engine encoder-replay fold owns the compress rows; "
-                                           "replay rows keep their own latent writes")
-            else:
-                fb.encoder_swa_compress_rows = cc.keep_rows(extend, replay, device=device)
-        floor = cc.row_floor(extend, floors, device=device)
-        if fb.encoder_swa_row_floor is None:
-            fb.encoder_swa_row_floor = floor
-        setattr(fb, FLOOR_ATTR, floor)
-        return applied
+                if extend[i] < n:
+                    failed[j] = "forward pass shorter than the planned replay"
+                    continue
+                replay[i] = n
+                try:
+                    dst = req_to_token[slots[i], plan.s:plan.F]
+                    src = plan.src_loc.to(dst.device)
+                    report = cc.copy_resident(pool, src, dst, page_size=page_size)
+                    if self.test:
+                        _verify_copy(pool, src, dst, page_size)
+                except Exception as exc:  # noqa: BLE001 - may have moved some buffers already
+                    failed[j] = f"replay copy failed ({type(exc).__name__})"
+                    continue
+                applied[j] = (plan, report)
+                self.counters["copies"] += 1
+                receipts.line(ADAPTER, "copy request=%s rows=[%d,%d) pages=%d buffers=%d bytes=%d",
+                              plan.rid, plan.s, plan.F, report.full_pages, report.buffers,
+                              report.bytes)
+            device = fb.out_cache_loc.device
+            if any(replay):
+                if fb.encoder_swa_compress_rows is not None or fb.encoder_swa_replay:
+                    receipts.fallback(ADAPTER, "engine encoder-replay fold owns the compress rows; "
+                                               "replay rows keep their own latent writes")
+                else:
+                    fb.encoder_swa_compress_rows = cc.keep_rows(extend, replay, device=device)
+            floor = cc.row_floor(extend, floors, device=device)
+            if fb.encoder_swa_row_floor is None:
+                fb.encoder_swa_row_floor = floor
+            setattr(fb, FLOOR_ATTR, floor)
+        except Exception as exc:  # noqa: BLE001 - mask or floor not in place: fail them all
+            failed = [r or f"replay mask/floor failed ({type(exc).__name__})" for r in failed]
+        return applied, failed
+
+    @staticmethod
+    def _agree(taken: list, failed: list) -> list:
+        """Every TP rank fails the same requests: a copy can fail on one rank alone (its own
+        memory), and a request failed on one rank but served on another would leave the ranks'
+        trees and batches apart. The verdict is reduced (MIN) over the cache's attention TP
+        groups, as the engine does for its external-linker loads; every rank reaches this call
+        for the same batch, since the plans and the batch are the same on every rank."""
+        import torch
+
+        tree = taken[0][1].tree
+        if tree is None:
+            return failed
+        ok = torch.tensor([int(r is None) for r in failed], dtype=torch.int32)
+        try:
+            tree._all_reduce_attn_groups(ok, torch.distributed.ReduceOp.MIN)
+        except Exception as exc:  # noqa: BLE001 - no verdict: fail them all
+            return [r or f"TP verdict failed ({type(exc).__name__})" for r in failed]
+        return [r if r is not None or ok[j] else "replay not prepared on another TP rank"
+                for j, r in enumerate(failed)]
 
 
 def forward_side() -> Optional[str]:

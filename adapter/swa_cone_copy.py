@@ -22,6 +22,11 @@ Rows >= F then compute what a prefix hit at F computes: their full-attention rea
 resident latents, their window sees the replayed [F-128, F) (bit-equal inside the engine's
 backend: bench/cone_forward.py). The floor keeps the replay rows' own reads inside the request;
 rows >= F depend on it only through the model's cone, which N covers.
+
+copy_resident may raise after moving some buffers (UnsupportedPool, the ValueError of its page
+checks, torch.OutOfMemoryError from index_select, ...): the replay rows then hold neither the
+resident bytes nor their own. Its caller (swa_cone.Cone.apply) fails that request; check_pool()
+lets the match side refuse an unaddressable pool before any plan.
 """
 from __future__ import annotations
 
@@ -63,6 +68,16 @@ def _check_supported(pool) -> None:
     for ratio, kv in getattr(pool, "kv_pools", {}).items():
         if kv is not None and type(kv).__name__ == "HiSparseC4DevicePool":
             raise UnsupportedPool("HiSparse C4 pool (slots remapped to a device subset)")
+
+
+def check_pool(pool, page_size: int) -> None:
+    """Raise UnsupportedPool unless copy_resident can move whole pages of every latent and
+    index-key pool of `pool`. Reads only the pool's layout (the same on every TP rank), so the
+    match side can decide before admission: a replay is planned only where its copy can run."""
+    _check_supported(pool)
+    one_page = torch.zeros(1, dtype=torch.int64)
+    for ratio, pool_page, _ in _page_buffers(pool):
+        _pool_pages(one_page, page_size, ratio, pool_page)
 
 
 def _page_buffers(pool):

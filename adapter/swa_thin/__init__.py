@@ -31,6 +31,10 @@ What this adapter does, and nothing more:
   core; bench/thin_core_cost.py measures what each core costs.
 
 Receipt: one line every 1024 hooked inserts with the moved / kept counts.
+
+On a contained exception: a failed move (`move failed (<type>)`) leaves that checkpoint's SWA LRU
+order exactly as the engine had it (a window is moved whole or not at all; the insert itself
+stands); a failed core switch (`tree core switch failed`) leaves the engine's own core choice.
 """
 from __future__ import annotations
 
@@ -123,14 +127,44 @@ def _window_nodes(core, node, span):
 
 
 def _to_evict_first_end(lru, node) -> None:
-    """Relink `node` just before the tail sentinel: the next SWA eviction walk starts there."""
+    """Relink `node` just before the tail sentinel: the next SWA eviction walk starts there.
+    On failure the node is put back where it was (it never leaves the LRU)."""
+    prev = node.lru_prev[lru._pt]
     lru.remove_node(node)
-    last = lru.tail.lru_prev[lru._pt]
-    if last is lru.head or last is lru.mid:
-        # Empty (unreferenced part of the) list: insert_mru lands right before the tail.
-        lru.insert_mru(node)
-    else:
-        lru.insert_after(last, node)
+    try:
+        last = lru.tail.lru_prev[lru._pt]
+        if last is lru.head or last is lru.mid:
+            # Empty (unreferenced part of the) list: insert_mru lands right before the tail.
+            lru.insert_mru(node)
+        else:
+            lru.insert_after(last, node)
+    except BaseException:
+        _put_back(lru, node, prev)
+        raise
+
+
+def _put_back(lru, node, prev) -> None:
+    """Relink `node` right after `prev` (its predecessor before a move) as an LRU member."""
+    if node.id in lru.cache:
+        lru.remove_node(node)
+    lru.cache[node.id] = node
+    lru._add_node_after(prev, node)
+
+
+def _move_all(lru, nodes) -> None:
+    """Move `nodes` to the evict-first end in order, all or none: on a failure the ones already
+    moved go back, in reverse, after their old predecessors (each undo restores exactly the
+    list the move started from), so a checkpoint's window is never left half moved."""
+    done = []
+    try:
+        for node in nodes:
+            prev = node.lru_prev[lru._pt]
+            _to_evict_first_end(lru, node)
+            done.append((node, prev))
+    except BaseException:
+        for node, prev in reversed(done):
+            _put_back(lru, node, prev)
+        raise
 
 
 def move_passed_checkpoint(cache, old_id, new_id) -> tuple[int, int]:
@@ -160,26 +194,30 @@ def move_passed_checkpoint(cache, old_id, new_id) -> tuple[int, int]:
     ct = swa.component_type
     in_lru = lru.cache
     referenced = lru._is_referenced
-    c = counts()
-    moved = kept = 0
+    # A suspended SWA eviction walk keeps its cursor sentinel in the list (as the binding does).
+    evicting = getattr(swa, "is_evict_device_ongoing", False)
+    to_move, kept = [], []
     # Deepest first, so the checkpoint's oldest node ends nearest the tail (as the engine orders).
+    # Decided first (reads only), then moved whole: relinks LRU pointers only, not the tree.
     for node in _window_nodes(core, old, span):
         cd = node.component_data[ct]
         if cd.value is None or node.id not in in_lru:
             continue                      # tombstone: nothing in the SWA LRU to move
         if node.id in live:
-            reason = "in-new-window"
+            kept.append("in-new-window")
+        elif evicting:
+            kept.append("evicting")
         elif cd.lock_ref > 0:
-            reason = "locked"
+            kept.append("locked")
         elif referenced is not None and referenced(node):
-            reason = "session"
+            kept.append("session")
         else:
-            _to_evict_first_end(lru, node)   # relinks LRU pointers only, not the tree walked
-            moved += 1
-            continue
+            to_move.append(node)
+    _move_all(lru, to_move)
+    c = counts()
+    for reason in kept:
         c[KEPT + reason] += 1
-        kept += 1
-    return moved, kept
+    return len(to_move), len(kept)
 
 
 # Binding outcomes that are not a kept checkpoint node (nothing in the SWA LRU to move).

@@ -367,7 +367,8 @@ class ThinTreeCore(UnifiedTreeCore):
         "gone" (not in the tree), "root", "tombstone" (no SWA device value / not in the LRU),
         "evicting" (an SWA eviction walk is in progress), "locked" (SWA lock_ref > 0),
         "session" (session-referenced: the engine's session partition). Nothing but LRU links
-        changes: no value, size, lock or LRU membership."""
+        changes: no value, size, lock or LRU membership. All or nothing: if a relink raises, the
+        nodes already moved go back to where they were and the exception propagates."""
         swa = self.components_by_type.get(SWA)
         if swa is None:
             return ["tombstone"] * len(node_ids)
@@ -375,7 +376,8 @@ class ThinTreeCore(UnifiedTreeCore):
         pt, tail, members, referenced = lru._pt, lru.tail, lru.cache, lru._is_referenced
         evicting = swa.is_evict_device_ongoing or SWA in self._pending_internal_evictions
         arena, root = self._node_arena, self.root_node
-        out = []
+        out, moves = [], []
+        # Decided first (reads only), then relinked all or none (see below).
         for node_id in node_ids:
             node = arena.get(node_id)
             if node is None:
@@ -391,7 +393,24 @@ class ThinTreeCore(UnifiedTreeCore):
             elif referenced is not None and referenced(node):
                 out.append("session")
             else:
-                lru._remove_node(node)
-                lru._add_node_after(tail.lru_prev[pt], node)
+                moves.append(node)
                 out.append("moved")
+        done = []                   # (node, its predecessor before the move)
+        try:
+            for node in moves:
+                prev = node.lru_prev[pt]
+                lru._remove_node(node)
+                try:
+                    lru._add_node_after(tail.lru_prev[pt], node)
+                except BaseException:
+                    lru._add_node_after(prev, node)
+                    raise
+                done.append((node, prev))
+        except BaseException:
+            # Undo in reverse: each restores exactly the list its move started from, so the
+            # caller's window is never left half moved.
+            for node, prev in reversed(done):
+                lru._remove_node(node)
+                lru._add_node_after(prev, node)
+            raise
         return out

@@ -21,6 +21,11 @@ The package, by layer:
     plan at 256-token pages, and launches;
   * here: the router (the hook on the engine entry) and install().
 Only the Kernel touches a GPU; everything above it is tested on CPU.
+
+On a contained exception (routing: `internal error in routing (<type>)`; launch: `kernel launch
+failed (<type>)`): nothing of the engine's was written (the kernel writes only the output buffers
+it allocates itself), and that call runs the stock split function, so its answer is stock's. An
+error the GPU reports asynchronously after a launch is not catchable here (a sticky CUDA error).
 """
 from __future__ import annotations
 
@@ -178,24 +183,34 @@ class _Router:
             # finds the decision kept for it (the key is built as bytes only on a miss), then the
             # engine's backend is checked. A call the native key does not describe takes the
             # Python path (entry_reason, decode_key).
-            found = None if args else lookup(kwargs, table)
-            engine = router._engine_vars or router._bind_engine()
-            if found is not None and engine.get("_sm120_default_backend") == "flashinfer":
-                if type(found) is tuple:            # a miss: (slot, key)
-                    decision = decide(args, kwargs, "flashinfer")
-                    table[found[0]] = (found[1], decision)
+            try:
+                found = None if args else lookup(kwargs, table)
+                engine = router._engine_vars or router._bind_engine()
+                if found is not None and engine.get("_sm120_default_backend") == "flashinfer":
+                    if type(found) is tuple:            # a miss: (slot, key)
+                        decision = decide(args, kwargs, "flashinfer")
+                        table[found[0]] = (found[1], decision)
+                    else:
+                        decision = found
+                    reason = decision.reason
                 else:
-                    decision = found
-                reason = decision.reason
-            else:
-                reason, decision = python_decision(args, kwargs)
+                    reason, decision = python_decision(args, kwargs)
+            except Exception as exc:  # noqa: BLE001 - swan's own routing: this call goes stock
+                reason = f"internal error in routing ({type(exc).__name__}); this call keeps the stock split"
             if reason is not None:
                 fallback(reason)
+                return original(*args, **kwargs)
+            try:
+                out = router.kernel.run(decision.plan, kwargs)
+            except Exception as exc:  # noqa: BLE001 - raised before the kernel wrote anything
+                # of the engine's: it writes only its own fresh output buffers, so the stock
+                # call computes this call's answer as if swan had not been asked.
+                fallback(f"kernel launch failed ({type(exc).__name__}); this call keeps the stock split")
                 return original(*args, **kwargs)
             counters["served"] += 1
             if not router.first_served:
                 router._first_served(decision)
-            return router.kernel.run(decision.plan, kwargs)
+            return out
 
         return swan_router
 

@@ -1,0 +1,393 @@
+"""Cone replay: a failure after a plan is taken never serves an unprepared replay (issue 30, item 3).
+
+Once a request is admitted as a prefix hit at s, only cone's forward side (copy the resident
+latents / index keys of [s, F), mask the replay rows' writes, floor their window at s) makes its
+first pass compute what a prefix hit at F computes. If the copy fails (torch.OutOfMemoryError in
+index_select, a ValueError from the page checks, any RuntimeError), the replay rows' pages hold
+stale or half-copied latents: floor and mask alone would still answer wrong. Cone then fails the
+request through the engine's own path for a forward that ran on KV that never landed
+(`Req.discard_output_reason` + `skip_radix_cache_insert`): FINISH_ABORT (HTTP 503), no KV of it in
+the tree. Mask and floor stay on for that pass, so its rows neither overwrite shared bytes nor read
+evicted slots.
+
+On the engine's real classes on CPU: DeepSeekV4TokenToKVPool, ForwardBatch, Req, the real
+UnifiedRadixCache + PrefillAdder (adapter/tools/sims/swa_cone.py Driver), and the engine's own
+result processor (SchedulerBatchResultProcessor.process_batch_result_prefill) and stash
+(checkpoint_kv_cache).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import types
+import weakref
+from array import array
+
+import pytest
+import torch
+
+from adapter import receipts
+
+P = 256
+PAGES = 16
+N = 1024
+COND = {"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_TOKENS": str(N)}
+FAILURES = {
+    # raised by the index_select of the second compress ratio: the first ratio's pages are
+    # already copied (a half-done copy), as an allocation failure would leave them
+    "OutOfMemoryError": torch.OutOfMemoryError,
+    "RuntimeError": RuntimeError,
+    # not planted: the copy's own page check refuses a destination that overlaps the source
+    "ValueError": None,
+}
+
+
+# ---- forward side on a real DSV4 pool and ForwardBatch ----------------------------------------
+
+@pytest.fixture(scope="module")
+def pool():
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=P))
+    from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
+
+    return DeepSeekV4TokenToKVPool(
+        max_num_reqs=4, swa_size=PAGES * P, c4_size=PAGES * P // 4, c128_size=PAGES * P // 128,
+        c4_state_pool_size=4, c128_state_pool_size=4, page_size=P, swa_page_size=P,
+        dtype=torch.float8_e4m3fn, c4_state_dtype=torch.float32, c128_state_dtype=torch.float32,
+        qk_nope_head_dim=448, qk_rope_head_dim=64, indexer_head_dim=128, layer_num=4,
+        device="cpu", enable_memory_saver=False, compression_ratios=[0, 4, 128, 4],
+        full_size=PAGES * P)
+
+
+def _loc(pages):
+    return torch.cat([torch.arange(p * P, (p + 1) * P) for p in pages])
+
+
+def _req(rid, n=2000):
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    return Req(rid=rid, origin_input_text="", origin_input_ids=array("q", range(1, n + 1)),
+               sampling_params=SamplingParams(temperature=0, max_new_tokens=4))
+
+
+def _batch(r2t, *, s, F, tail, other):
+    """Request A: prefix [0, s) resident, first pass [s, F + tail) on fresh pages 9, 10, 11;
+    request B: a plain 0-prefix extend of `other` tokens."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+    a_row = torch.cat([_loc([1, 2]), _loc([9, 10]), _loc([11])[:tail]])
+    b_row = _loc([12, 13])[:other]
+    r2t[0, :a_row.numel()] = a_row.to(r2t.dtype)
+    r2t[1, :b_row.numel()] = b_row.to(r2t.dtype)
+    out = torch.cat([a_row[s:], b_row])
+    fb = ForwardBatch(forward_mode=ForwardMode.EXTEND, batch_size=2,
+                      input_ids=torch.zeros(out.numel(), dtype=torch.int64),
+                      req_pool_indices=torch.tensor([0, 1]),
+                      seq_lens=torch.tensor([F + tail, other]), out_cache_loc=out,
+                      seq_lens_sum=F + tail + other)
+    fb.rids = ["A", "B"]
+    fb.extend_prefix_lens_cpu = [s, 0]
+    fb.extend_seq_lens_cpu = [F + tail - s, other]
+    fb.req_pool_indices_cpu = torch.tensor([0, 1])
+    return fb
+
+
+def _first_pass(cone, fb, *, pool, r2t):
+    """Cone's _build_forward_metadata hook on `fb` (the engine's call inside it recorded)."""
+    backend = types.SimpleNamespace(token_to_kv_pool=pool, req_to_token=r2t, page_size=P)
+    ran = []
+    cone.build_forward_metadata(lambda b, batch: ran.append(batch), backend, fb)
+    assert ran == [fb]                  # the engine's metadata build always runs
+
+
+def plant(monkeypatch, name):
+    """Make swa_cone_copy.copy_resident fail the way `name` does."""
+    from adapter import swa_cone_copy as cc
+
+    exc = FAILURES[name]
+    if exc is None:
+        return
+    real = cc._pool_pages
+    calls = {"n": 0}
+
+    def failing(full_page_ids, page_size, ratio, pool_page):
+        calls["n"] += 1
+        if calls["n"] > 2:            # src and dst of the first ratio went through: half copied
+            raise exc("planted in the copy step")
+        return real(full_page_ids, page_size, ratio, pool_page)
+
+    monkeypatch.setattr(cc, "_pool_pages", failing)
+
+
+@pytest.mark.parametrize("failure", list(FAILURES))
+def test_failed_copy_keeps_mask_and_floor_and_fails_the_request(pool, monkeypatch, caplog, failure):
+    from adapter import swa_cone
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    receipts.forget("swa_cone")
+    s, F, tail, other = 512, 1024, 100, 300
+    r2t = torch.zeros(4, PAGES * P, dtype=torch.int32)
+    fb = _batch(r2t, s=s, F=F, tail=tail, other=other)
+    a, b = _req("A"), _req("B")
+    cone = swa_cone.Cone(F - s, test=False)
+    # ValueError: a source overlapping the destination pages (the copy's own page check).
+    src = _loc([10, 11]) if failure == "ValueError" else _loc([3, 4])
+    cone.plans["A"] = swa_cone.Plan(rid="A", F=F, s=s, L=F + tail, src_loc=src,
+                                    req=weakref.ref(a))
+    plant(monkeypatch, failure)
+    with caplog.at_level(logging.INFO, logger=receipts.LOGGER_NAME):
+        _first_pass(cone, fb, pool=pool, r2t=r2t)
+    assert "A" not in cone.plans
+    # The window floor and the write mask of the plan are kept (never an unfloored replay) ...
+    n_a = F + tail - s
+    assert torch.equal(fb.encoder_swa_row_floor, torch.tensor([s] * n_a + [0] * other))
+    keep = torch.cat([torch.arange(F - s, n_a), torch.arange(n_a, n_a + other)])
+    assert torch.equal(fb.encoder_swa_compress_rows, keep)
+    seen = {}
+    cone.init_prefill_metadata(lambda backend, **kw: seen.update(kw),
+                               types.SimpleNamespace(token_to_kv_pool=types.SimpleNamespace(
+                                   request_window=None)),
+                               forward_batch=fb, out_cache_loc=fb.out_cache_loc,
+                               swa_replay_start=None)
+    assert torch.equal(seen["swa_replay_start"], fb.encoder_swa_row_floor)
+    # ... and the request is failed through the engine's discard path, not served.
+    assert isinstance(a.discard_output_reason, FINISH_ABORT)
+    assert a.discard_output_reason.status_code == 503
+    assert "could not be prepared" in a.discard_output_reason.message
+    assert a.skip_radix_cache_insert is True
+    assert b.discard_output_reason is None and b.skip_radix_cache_insert is False
+    counts = receipts.counters["swa_cone"]
+    assert counts["replays_aborted"] == 1 and counts["copies"] == 0
+    lines = [r.getMessage() for r in caplog.records]
+    assert [m for m in lines if " abort request=A rows=[512,1024): replay copy failed "
+            f"({failure})" in m]
+    assert [m for m in lines if "swa_cone fallback: replay copy failed "
+            f"({failure}): request failed (HTTP 503)" in m]
+
+
+def test_a_failure_on_another_tp_rank_fails_the_request_here_too(pool):
+    """The verdict is reduced over the cache's TP groups: a copy that worked here but not on
+    another rank fails the request on every rank alike."""
+    from adapter import swa_cone
+
+    receipts.forget("swa_cone")
+    s, F = 512, 1024
+    r2t = torch.zeros(4, PAGES * P, dtype=torch.int32)
+    fb = _batch(r2t, s=s, F=F, tail=100, other=300)
+    a = _req("A")
+
+    class _Tree:
+        def _all_reduce_attn_groups(self, tensor, op):
+            assert op == torch.distributed.ReduceOp.MIN
+            tensor.zero_()                  # what MIN gives when another rank reports 0
+
+    cone = swa_cone.Cone(F - s, test=False)
+    cone.plans["A"] = swa_cone.Plan(rid="A", F=F, s=s, L=F + 100, src_loc=_loc([3, 4]),
+                                    req=weakref.ref(a), tree=_Tree())
+    _first_pass(cone, fb, pool=pool, r2t=r2t)
+    assert receipts.counters["swa_cone"]["copies"] == 1          # copied here ...
+    assert a.discard_output_reason is not None and a.skip_radix_cache_insert   # ... failed anyway
+    assert "another TP rank" in a.discard_output_reason.message
+    assert fb.encoder_swa_row_floor is not None
+
+
+# ---- end to end: the real cache, adder and the engine's result processor ---------------------
+
+def _world(install_adapters):
+    from adapter.tools.sims.swa_cone import Driver, build
+
+    status = install_adapters(COND)
+    assert status["swa_cone"].status == "installed", status["swa_cone"].detail
+    cpu = build(60_000, 4096, "python")
+    drv = Driver(cpu, chunk=2048)
+    doc = list(range(1, 6001))
+    drv.prefill(doc, output_tokens=[7] * 40)
+    for i in range(12):                 # the document's SWA window is evicted
+        start = 1_000_000 + 1024 * i
+        drv.prefill(list(range(start, start + 1024)), output_tokens=[5] * 16)
+    return cpu, drv, doc + list(range(900_000, 900_700))
+
+
+def _full_resident_end(drv, tokens):
+    """Page-aligned resident full KV of `tokens` (the engine's read-only FULL-device match)."""
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    matched, _, _ = drv.cache.tree_core.match_full_device_prefix(RadixKey(array("q", tokens[:-1])))
+    return matched // P * P
+
+
+def _first_pass_batch(drv, req):
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+    r2t = drv.cpu.req_to_token_pool.req_to_token
+    slot, s, end = req.kv.req_pool_idx, req.prefix_len, req.extend_end
+    out = r2t[slot, s:end].to(torch.int64)
+    fb = ForwardBatch(forward_mode=ForwardMode.EXTEND, batch_size=1,
+                      input_ids=torch.zeros(end - s, dtype=torch.int64),
+                      req_pool_indices=torch.tensor([slot]), seq_lens=torch.tensor([end]),
+                      out_cache_loc=out, seq_lens_sum=end)
+    fb.rids = [req.rid]
+    fb.extend_prefix_lens_cpu = [s]
+    fb.extend_seq_lens_cpu = [end - s]
+    fb.req_pool_indices_cpu = torch.tensor([slot])
+    return fb
+
+
+def _process_result(drv, req, *, token=42):
+    """The engine's own result processing of a prefill batch holding `req` (the scheduler's
+    SchedulerBatchResultProcessor, built without a model: streaming and metrics recorded)."""
+    from sglang.srt.managers.scheduler_components.batch_result_processor import (
+        SchedulerBatchResultProcessor)
+    from sglang.srt.managers.schedule_batch import get_batch_return_hidden_states_mode
+    from sglang.srt.managers.utils import GenerationBatchResult
+
+    streamed = []
+    fields = {f.name: None for f in dataclasses.fields(SchedulerBatchResultProcessor)}
+    fields.update(
+        is_generation=True, enable_overlap=False, token_to_kv_pool_allocator=drv.cpu.allocator,
+        tree_cache=drv.cache, req_to_token_pool=drv.cpu.req_to_token_pool,
+        output_streamer=types.SimpleNamespace(
+            stream_output=lambda reqs, *a, **k: streamed.extend(reqs)),
+        metrics_reporter=types.SimpleNamespace(report_prefill_stats=lambda **k: None))
+    proc = SchedulerBatchResultProcessor(**fields)
+    batch = types.SimpleNamespace(reqs=[req], return_logprob=False, return_hidden_states=False,
+                                  decoding_reqs=None, prefill_stats=None, forward_iter=0,
+                                  return_hidden_states_mode=get_batch_return_hidden_states_mode(
+                                      [req]), spec_info=None)
+    result = GenerationBatchResult(logits_output=None, next_token_ids=torch.tensor([token]),
+                                   can_run_cuda_graph=False)
+    proc.process_batch_result_prefill(batch, result)
+    return streamed
+
+
+def _plan_and_admit(drv, prompt):
+    from adapter import swa_cone
+
+    req = drv._req(prompt, max_new_tokens=4)
+    req.init_next_round_input(drv.cache)
+    stock = req.prefix_len
+    adder = drv.adder()
+    adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+    assert any(r is req for r in adder.can_run_list)
+    plan = swa_cone.state().plans[req.rid]
+    assert req.prefix_len == plan.s and plan.req() is req
+    return req, plan, stock
+
+
+@pytest.mark.parametrize("failure", ["OutOfMemoryError", "ValueError", "RuntimeError"])
+def test_failed_replay_finishes_with_an_error_and_leaves_the_tree_as_stock(
+        install_adapters, monkeypatch, failure):
+    """The request admitted at s whose copy failed: the engine's result processor finishes it
+    with FINISH_ABORT (503) and no token; none of its KV reaches the tree, so the same prompt
+    arriving next is matched exactly as it was before (the stock match, the same candidate)."""
+    from adapter import swa_cone
+    from adapter import swa_cone_copy as cc
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+    from sglang.srt.mem_cache.common import checkpoint_kv_cache
+
+    cpu, drv, prompt = _world(install_adapters)
+    receipts.forget("swa_cone")
+    probe = drv._req(prompt)
+    probe.init_next_round_input(drv.cache)
+    before = (probe.prefix_len, getattr(probe, swa_cone.CAND_ATTR).F,
+              getattr(probe, swa_cone.CAND_ATTR).s)
+    assert _full_resident_end(drv, prompt) == before[1]
+    req, plan, stock = _plan_and_admit(drv, prompt)
+    assert (stock, plan.F, plan.s) == before
+    drv._extend(req, req.extend_end)                        # alloc_for_extend
+    fb = _first_pass_batch(drv, req)
+    if FAILURES[failure] is None:
+        monkeypatch.setattr(cc, "copy_resident", lambda *a, **k: cc.full_pages(
+            torch.arange(7), P))                            # the page check's own ValueError
+    else:
+        def boom(*a, **k):
+            raise FAILURES[failure]("planted in the copy step")
+        monkeypatch.setattr(cc, "copy_resident", boom)
+    _first_pass(swa_cone.state(), fb, pool=None, r2t=cpu.req_to_token_pool.req_to_token)
+    assert fb.encoder_swa_row_floor is not None                 # the pass runs floored
+    chunks = 0
+    while req.extend_end < len(req.full_untruncated_fill_ids):  # middle chunks: stashed
+        req.inflight_middle_chunks = 1
+        _process_result(drv, req)
+        checkpoint_kv_cache(req, drv.cache)                     # Scheduler.stash_chunked_request
+        adder = drv.adder()
+        adder.add_chunked_req(req)
+        drv._extend(req, req.extend_end)
+        chunks += 1
+    assert chunks == 1                                          # a middle chunk was stashed
+    streamed = _process_result(drv, req)
+    assert req.finished() and isinstance(req.finished_reason, FINISH_ABORT)
+    assert req.finished_reason.status_code == 503 and len(req.output_ids) == 0
+    assert streamed and streamed[-1] is req                     # the error goes to the client
+    assert not req.kv.holds_kv
+    drv.cache.sanity_check()
+    # None of its KV was inserted: the prompt's resident full KV still ends at F, not past it.
+    assert _full_resident_end(drv, prompt) == plan.F
+    again = drv._req(prompt)
+    again.init_next_round_input(drv.cache)
+    cand = getattr(again, swa_cone.CAND_ATTR)
+    assert (again.prefix_len, cand.F, cand.s) == before
+    assert receipts.counters["swa_cone"]["replays_aborted"] == 1
+
+
+def test_a_failing_plan_step_fails_the_admitted_request(install_adapters, monkeypatch):
+    """An exception in the plan step itself (after admission committed the hit at s): the
+    request is failed, not left to run unfloored."""
+    from adapter import swa_cone
+
+    cpu, drv, prompt = _world(install_adapters)
+    receipts.forget("swa_cone")
+
+    def broken(self, plan):
+        raise MemoryError("planted")
+
+    monkeypatch.setattr(swa_cone.Cone, "_store", broken)
+    req = drv._req(prompt)
+    req.init_next_round_input(drv.cache)
+    adder = drv.adder()
+    adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+    assert any(r is req for r in adder.can_run_list) and req.rid not in swa_cone.state().plans
+    assert req.discard_output_reason is not None and req.skip_radix_cache_insert
+    assert "internal error in the plan step (MemoryError)" in req.discard_output_reason.message
+
+
+# ---- the plan store: bounded by bytes, dropped plans counted ---------------------------------
+
+def test_plan_store_is_bounded_by_bytes_and_counts_what_it_drops(monkeypatch):
+    from adapter import swa_cone
+
+    receipts.forget("swa_cone")
+    monkeypatch.setattr(swa_cone, "MAX_PLAN_BYTES", 3 * (N * 8 + 256))
+    cone = swa_cone.Cone(N, test=False)
+    reqs = [_req(f"q{i}") for i in range(5)]
+    for r in reqs:
+        cone._store(swa_cone.Plan(rid=r.rid, F=2 * N, s=N, L=2 * N + 1,
+                                  src_loc=torch.arange(N), req=weakref.ref(r)))
+    assert list(cone.plans) == ["q2", "q3", "q4"] and cone.plan_bytes() <= swa_cone.MAX_PLAN_BYTES
+    counts = receipts.counters["swa_cone"]
+    assert counts["plans_dropped"] == 2 and counts["replays_aborted"] == 2
+    # A dropped plan whose request still waits for its pass: that request is failed.
+    assert all(r.discard_output_reason is not None for r in reqs[:2])
+    assert all(r.discard_output_reason is None for r in reqs[2:])
+    # Plans of requests that finished (aborted before their pass) or are gone are pruned, not
+    # failed, at the next plan.
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    reqs[2].finished_reason = FINISH_ABORT("client abort")
+    del reqs[3]
+    nxt = _req("q5")
+    cone._store(swa_cone.Plan(rid="q5", F=2 * N, s=N, L=2 * N + 1, src_loc=torch.arange(N),
+                              req=weakref.ref(nxt)))
+    assert list(cone.plans) == ["q4", "q5"]
+    assert counts["plans_dropped"] == 4 and counts["replays_aborted"] == 2
+
+
+def test_dropped_and_aborted_counters_have_series():
+    from adapter import metrics, swa_cone
+
+    assert {"plans_dropped", "replays_aborted"} <= set(swa_cone.COUNTERS)
+    assert metrics.series_of("swa_cone", "plans_dropped") == ("dsv41_swa_cone_plans_dropped", ())
+    assert metrics.series_of("swa_cone", "replays_aborted") == ("dsv41_swa_cone_replays_aborted",
+                                                                ())
