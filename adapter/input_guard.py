@@ -81,6 +81,11 @@ FIELDS = (
     Field("request", "top_logprobs_num", None, "vocab_size",
           "a list: TypeError in the logits processor's `x > 0`; above the vocabulary: "
           "`topk` selected index k out of range (the batch takes every request's k)"),
+    Field("request", "lora_id", None, None,
+          "a list: TypeError concatenating it into the scheduler's LoRA key (str + list)"),
+    Field("request", "positional_embed_overrides", None, None,
+          "anything JSON can carry (a string, a list, a number): AttributeError `.reconstruct` in "
+          "the scheduler (the engine's own API passes a PositionalEmbeds object)"),
     Field("sampling_params", "stop_token_ids", 0, "vocab",
           "an id outside the vocabulary: the min-new-tokens penalizer's scatter into a "
           "vocabulary-sized row (every request of the batch)"),
@@ -308,7 +313,8 @@ def install(ctx) -> str:
 
     ctx.around("TokenizerManager._create_tokenized_object", create_tokenized_object)
     return (f"{KEY}=1: the fields the stock scheduler dies on (prompt token ids, "
-            + ", ".join(f.name for f in FIELDS) + ") are checked in the tokenizer manager against "
-            "the engine's declared types and the ranges the scheduler relies on; a bad request "
-            "gets HTTP 400 naming the field, its value and the valid range; a request the guard "
-            "cannot check gets 400 too")
+            "logprob_start_len, top_logprobs_num, lora_id, positional_embed_overrides, "
+            "stop_token_ids) are checked in the tokenizer manager against the engine's declared "
+            "types and the ranges the scheduler relies on; a bad request gets HTTP 400 naming "
+            "the field, its value and the valid range; a request the guard cannot check gets 400 "
+            "too")

@@ -57,6 +57,12 @@ KEYS: tuple[Key, ...] = (
     Key("DSV41_INPUT_GUARD", "flag", "input_guard", enables=True, default=0,
         doc="token ids outside the vocabulary get HTTP 400 in the tokenizer manager instead of "
             "reaching the scheduler"),
+    Key("DSV41_ADMIN_GUARD", "flag", "admin_guard", enables=True, default=0,
+        doc="the engine's admin routes (ADMIN_OPTIONAL) answer HTTP 403 naming --admin-api-key "
+            "unless that key is configured"),
+    Key("DSV41_ADMIN_GUARD_TEST", "flag", "admin_guard", default=0, test_only=True,
+        doc="test-only: admin_guard leaves /flush_cache open for the CPU harness, which empties "
+            "the radix cache between its scenarios; in no profile"),
 )
 
 KEY_BY_NAME = {k.name: k for k in KEYS}

@@ -11,7 +11,7 @@ as "tokenizer", each scheduler, the detokenizer). The entry points call `arm()` 
 it wraps `publish` when the engine imports runtime_context (pinned like any engine callable we
 wrap, table.INFRA_TOUCHES). Exporting starts when `enable_metrics` is set, the engine's
 PROMETHEUS_MULTIPROC_DIR exists, and an installed adapter counts in this process's role
-(table.COUNTING_ROLE: the scheduler for most, the tokenizer manager for input_guard); otherwise
+(table.COUNTING_ROLE: the scheduler for most, the launcher for input_guard and admin_guard); otherwise
 the process stays off, quietly. Until then nothing is imported: prometheus_client picks its value
 class (per-process files or in-memory) at its first import, and the launcher sets the directory
 just before it publishes. Off: prometheus_client is never imported from here, nothing is written,
@@ -61,6 +61,9 @@ SERIES = {
     "dsv41_swa_cone_plans": ("Replays planned", ()),
     "dsv41_swa_cone_replay_tokens": ("Tokens replayed by the planned replays", ()),
     "dsv41_swa_cone_copies": ("Replay copies of full-attention latents into the replay rows", ()),
+    "dsv41_swa_cone_plans_dropped": ("Replay plans removed before their first pass ran", ()),
+    "dsv41_swa_cone_replays_aborted": ("Planned requests failed (HTTP 503): their replay could "
+                                       "not be prepared exactly", ()),
     "dsv41_autotune_keep_kept": ("Autotune caches kept: loadable on every rank", ()),
     "dsv41_autotune_keep_deleted": ("Autotune caches deleted before the rank exchange, by kind; "
                                     "the rank re-tunes", ("kind",)),
@@ -68,10 +71,16 @@ SERIES = {
     "dsv41_autotune_keep_dropped": ("Caches dropped because another rank could not load its own",
                                     ("reason",)),
     "dsv41_autotune_keep_sealed": ("Launch sidecars sealed after the engine saved its cache", ()),
-    "dsv41_input_guard_checked": ("Requests whose token ids the tokenizer manager range-checked", ()),
-    "dsv41_input_guard_rejected": ("Requests answered 400 because a token id (or top_logprobs_num) "
-                                   "is outside the vocabulary, by what was out of range",
-                                   ("reason",)),
+    "dsv41_input_guard_checked": ("Requests the tokenizer manager checked for fields the stock "
+                                  "scheduler dies on", ()),
+    "dsv41_input_guard_rejected": ("Requests answered 400 because a field would have killed the "
+                                   "scheduler (by field), or the guard could not check them "
+                                   "(unchecked)", ("reason",)),
+    "dsv41_admin_guard_refused": ("Requests to the engine's admin routes (ADMIN_OPTIONAL) answered "
+                                  "403 because no --admin-api-key is configured, by route (its "
+                                  "path template)", ("route",)),
+    "dsv41_admin_guard_engine_calls": ("The engine's own admin requests let through (its "
+                                       "post-warmup POST /freeze_gc)", ()),
 }
 INSTALLED = "dsv41_adapter_installed"
 INSTALLED_HELP = "1 when the dsv41 adapter is installed in this engine, 0 when its key is unset"
@@ -101,6 +110,8 @@ KEYS = {
         "plans": ("dsv41_swa_cone_plans", ()),
         "replay_tokens": ("dsv41_swa_cone_replay_tokens", ()),
         "copies": ("dsv41_swa_cone_copies", ()),
+        "plans_dropped": ("dsv41_swa_cone_plans_dropped", ()),
+        "replays_aborted": ("dsv41_swa_cone_replays_aborted", ()),
     },
     "autotune_keep": {
         "kept": ("dsv41_autotune_keep_kept", ()),
@@ -113,6 +124,10 @@ KEYS = {
         "checked": ("dsv41_input_guard_checked", ()),
         "rejected:": "dsv41_input_guard_rejected",
     },
+    "admin_guard": {
+        "refused:": "dsv41_admin_guard_refused",
+        "engine_calls": ("dsv41_admin_guard_engine_calls", ()),
+    },
 }
 # Keys with a label value that are created at 0 too (every plain key of an installed adapter is).
 ZERO_KEYS = {
@@ -121,7 +136,10 @@ ZERO_KEYS = {
     "autotune_keep": ("tune:no-cache", "dropped:peer", "deleted:corrupt", "deleted:no-sidecar",
                       "deleted:sidecar-corrupt", "deleted:launch", "deleted:sealed-mismatch",
                       "deleted:stamp"),
-    "input_guard": ("rejected:input_ids", "rejected:stop_token_ids", "rejected:top_logprobs_num"),
+    "input_guard": ("rejected:input_ids", "rejected:logprob_start_len", "rejected:top_logprobs_num",
+                    "rejected:lora_id", "rejected:positional_embed_overrides",
+                    "rejected:stop_token_ids", "rejected:unchecked"),
+    "admin_guard": ("refused:/dump_expert_distribution_record",),   # the one that kills stock
 }
 
 _state: bool | None = None      # None: not settled yet; True: exporting; False: off

@@ -52,6 +52,9 @@ _SWA = "sglang.srt.mem_cache.unified_cache.components.swa"
 _RADIX = "sglang.srt.mem_cache.radix_cache"
 _TM = "sglang.srt.managers.tokenizer_manager"
 _IO = "sglang.srt.managers.io_struct"
+_HTTP = "sglang.srt.entrypoints.http_server"
+_AUTH = "sglang.srt.utils.auth"
+_SERVING = "sglang.srt.arg_groups.fields.serving"
 
 HOOKS: tuple[Hook, ...] = (
     # swan: SM12x sparse decode reads 256-token SWA pages in place (the SM12x decode entry;
@@ -82,6 +85,7 @@ HOOKS: tuple[Hook, ...] = (
         f"{_UTC}:UnifiedLRUList.__init__",          # sets _pt, head, tail, mid, cache, _is_referenced
         f"{_UTC}:UnifiedLRUList.remove_node", f"{_UTC}:UnifiedLRUList.insert_after",
         f"{_UTC}:UnifiedLRUList.insert_mru",
+        f"{_UTC}:UnifiedLRUList._add_node_after",   # puts a node back after a failed move
         f"{_UTC}:UnifiedTreeNode.__init__",         # sets lru_prev, component_data, key, parent, id
         f"{_UTC}:UnifiedTreeCore.node_by_id", f"{_UTC}:UnifiedTreeCore.is_root",
         f"{_UTC}:UnifiedTreeCore.lru_lists", f"{_UTC}:UnifiedTreeCore.root_node",
@@ -145,6 +149,9 @@ HOOKS: tuple[Hook, ...] = (
     Hook("swa_cone", _URC, "UnifiedRadixCache.match_prefix", touches=(
         f"{_URC}:UnifiedRadixCache._match_tree", f"{_URC}:UnifiedRadixCache.root_node_handle",
         f"{_URC}:UnifiedRadixCache.supports_swa", f"{_URC}:UnifiedRadixCache.page_size",
+        f"{_URC}:UnifiedRadixCache.token_to_kv_pool_allocator",   # its get_kvcache(): the pool
+        "sglang.srt.mem_cache.allocator.base:BaseTokenToKVPoolAllocator.get_kvcache",
+        "sglang.srt.mem_cache.allocator.swa:SWATokenToKVPoolAllocator.get_kvcache",
         f"{_UTC}:UnifiedTreeCore.collect_full_device_indices",
         "sglang.srt.mem_cache.base_prefix_cache:MatchPrefixParams",
         "sglang.srt.mem_cache.radix_cache:RadixKey.__init__",
@@ -158,7 +165,14 @@ HOOKS: tuple[Hook, ...] = (
         f"{_SB}:Req.prefix_len", f"{_SB}:Req.last_node", f"{_SB}:Req.lock",
         f"{_SB}:Req.full_untruncated_fill_ids", f"{_SB}:Req.extend_end",
         f"{_SB}:Req.num_matched_prefix_tokens", f"{_SB}:Req.swa_branching_seqlen",
-        f"{_SB}:Req.host_hit_length", f"{_SB}:Req.swa_host_hit_length")),
+        f"{_SB}:Req.host_hit_length", f"{_SB}:Req.swa_host_hit_length",
+        # a request whose replay cannot be prepared is failed through the engine's discard path
+        f"{_SB}:Req.finished", f"{_SB}:Req.discard_output_reason",
+        f"{_SB}:Req.skip_radix_cache_insert", f"{_SB}:FINISH_ABORT.__init__",
+        "sglang.srt.managers.scheduler_components.batch_result_processor:"
+        "SchedulerBatchResultProcessor.process_batch_result_prefill",
+        "sglang.srt.mem_cache.common:checkpoint_kv_cache",
+        "sglang.srt.mem_cache.common:release_kv_cache")),
     Hook("swa_cone", _POLICY, "PrefillAdder._select_prefill_admission"),
     Hook("swa_cone", _DSV4, "DeepseekV4AttnBackend._build_forward_metadata", touches=(
         f"{_DSV4}:DeepseekV4AttnBackend._compressor_out_loc",   # sends masked rows to slot 0
@@ -166,6 +180,7 @@ HOOKS: tuple[Hook, ...] = (
         f"{_FB}:ForwardBatch.encoder_swa_replay", f"{_FB}:ForwardBatch.extend_prefix_lens_cpu",
         f"{_FB}:ForwardBatch.extend_seq_lens_cpu", f"{_FB}:ForwardBatch.req_pool_indices_cpu",
         f"{_FB}:ForwardBatch.rids",
+        f"{_URC}:UnifiedRadixCache._all_reduce_attn_groups",   # TP ranks agree on a failed replay
         "sglang.srt.mem_cache.deepseek_v4_memory_pool:DeepSeekV4TokenToKVPool._init_compressed_pools")),
     Hook("swa_cone", _DSV4, "DeepseekV4AttnBackend.init_forward_metadata_prefill"),
     # autotune_keep: rank agreement on loadability; launch sidecar.
@@ -175,9 +190,9 @@ HOOKS: tuple[Hook, ...] = (
     Hook("autotune_keep", _AUTOTUNE, "flashinfer_autotune_context", touches=(
         f"{_AUTOTUNE}:_autotune_tactic_sync_group", f"{_AUTOTUNE}:flashinfer_autotune_cache_path",
         f"{_AUTOTUNE}:get_parallel", f"{_AUTOTUNE}:envs")),
-    # input_guard: range-check the prompt's token ids (and the other ids that index a
-    # vocabulary-sized tensor) in the tokenizer manager, on the int64 array the engine builds
-    # after its own validation (_validate_one_request); both the single and the batch path.
+    # input_guard: check the fields the stock scheduler dies on (prompt ids, input_guard.FIELDS)
+    # in the tokenizer manager, against the engine's declared types of its request structs, on
+    # the int64 array the engine builds after its own validation; both single and batch path.
     Hook("input_guard", _TM, "TokenizerManager._create_tokenized_object", touches=(
         f"{_TM}:TokenizerManager.model_config",
         "sglang.srt.configs.model_config:ModelConfig.vocab_size",
@@ -185,9 +200,26 @@ HOOKS: tuple[Hook, ...] = (
         f"{_IO}:TokenizedGenerateReqInput.input_embeds",
         f"{_IO}:TokenizedGenerateReqInput.sampling_params",
         f"{_IO}:TokenizedGenerateReqInput.top_logprobs_num",
+        f"{_IO}:TokenizedGenerateReqInput.logprob_start_len", f"{_IO}:TokenizedGenerateReqInput.lora_id",
+        f"{_IO}:TokenizedGenerateReqInput.positional_embed_overrides",
+        "sglang.srt.managers.embed_types:PositionalEmbeds",
         f"{_IO}:TokenizedEmbeddingReqInput.input_ids", f"{_IO}:TokenizedEmbeddingReqInput.mm_inputs",
         f"{_IO}:TokenizedEmbeddingReqInput.sampling_params",
         "sglang.srt.sampling.sampling_params:SamplingParams.stop_token_ids")),
+    # admin_guard: where the engine adds its auth middleware (before uvicorn starts), add ours
+    # when no admin key is configured: ADMIN_OPTIONAL routes get the engine's ADMIN_FORCE answer
+    # (403) through the engine's own route match and decision; its post-warmup /freeze_gc passes.
+    Hook("admin_guard", _HTTP, "_setup_and_run_http_server", touches=(
+        f"{_HTTP}:app", f"{_HTTP}:get_serving",
+        f"{_SERVING}:Serving.api_key", f"{_SERVING}:Serving.admin_api_key",
+        f"{_SERVING}:Serving.tokenizer_worker_num",
+        f"{_AUTH}:AuthLevel", f"{_AUTH}:AuthDecision",
+        f"{_AUTH}:_get_auth_level_from_app_and_scope", f"{_AUTH}:decide_request_auth",
+        f"{_AUTH}:auth_level",                      # sets the endpoint's _auth_level we read
+        f"{_AUTH}:add_api_key_middleware",          # the engine's, outside ours where it adds it
+        f"{_AUTH}:app_has_admin_force_endpoints")), # its gate, read by `dsv41 check`'s exposure
+    Hook("admin_guard", _HTTP, "_freeze_gc_after_server_warmup", touches=(
+        f"{_HTTP}:freeze_gc_async",)),              # the route its POST /freeze_gc reaches
 )
 
 # What the installer and the metrics exporter touch themselves (checked with every adapter's
@@ -213,6 +245,7 @@ INFRA_TOUCHES: dict[str, tuple[str, ...]] = {
 # The process role whose engine publish() settles an adapter's counters (adapter/metrics.py).
 COUNTING_ROLE: dict[str, str] = {      # default "scheduler"
     "input_guard": "tokenizer",         # the launcher's tokenizer manager checks and counts
+    "admin_guard": "tokenizer",         # the launcher's HTTP app refuses and counts
 }
 
 ADAPTERS: tuple[str, ...] = tuple(dict.fromkeys(h.adapter for h in HOOKS))

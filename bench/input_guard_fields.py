@@ -11,7 +11,7 @@ real CPU server on the dense tiny model (the request's other fields are a valid 
 outcome is what the server did: `dies` (the scheduler's exception, the server exits), a 4xx / 5xx
 status, or `200`. A death reboots the server before the next row.
 
-    .venv/bin/python bench/input_guard_fields.py [--line stock|production] [--json F]
+    .venv/bin/python bench/input_guard_fields.py [--line stock|production] [--json F [--resume]]
     .venv/bin/python bench/input_guard_fields.py --markdown STOCK.json [PRODUCTION.json]
 
 With `--line production` the same rows go to the production line (every `dies` row of stock
@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import pathlib
 import subprocess
 import sys
@@ -126,7 +125,23 @@ def _exception_line(server) -> str:
     return (lines or error_lines(server.process_logs()) or ["(no exception line)"])[-1][:300]
 
 
-def measure(line: str, progress=print) -> list[dict]:
+def _boot(server_cls, keys, args, line):
+    """A server, with one more try when the boot fails (the engine's memory check reads the
+    machine's free memory, which another process can take for a moment)."""
+    for attempt in (1, 2):
+        try:
+            return server_cls("dense", keys=keys, args=args, name=f"fields-{line}").start()
+        except Exception:  # noqa: BLE001 - BootError; the second failure propagates
+            if attempt == 2:
+                raise
+            time.sleep(10)
+
+
+def _row_key(row) -> str:
+    return f"{row['struct']}.{row['field']}={json.dumps(row['value'])}"
+
+
+def measure(line: str, progress=print, save=None, done=None) -> list[dict]:
     import requests
 
     from adapter.cpu.server import CpuServer
@@ -137,11 +152,16 @@ def measure(line: str, progress=print) -> list[dict]:
     if line == "stock":
         keys = {}
     table, server, boots = rows(), None, 0
+    measured = {_row_key(r): r for r in done or ()}
     began = time.monotonic()
     try:
         for i, row in enumerate(table):
+            if _row_key(row) in measured:       # --resume: measured by an earlier run
+                row.update(outcome=measured[_row_key(row)]["outcome"],
+                           detail=measured[_row_key(row)]["detail"])
+                continue
             if server is None:
-                server = CpuServer("dense", keys=keys, args=args, name=f"fields-{line}").start()
+                server = _boot(CpuServer, keys, args, line)
                 boots += 1
             try:
                 resp = requests.post(server.url + "/generate", json=row["body"], timeout=120)
@@ -164,6 +184,8 @@ def measure(line: str, progress=print) -> list[dict]:
                 row["detail"] = _exception_line(server)
                 server.stop()
                 server = None
+            if save is not None:
+                save([r for r in table if "outcome" in r])
             progress(f"[fields] {i + 1}/{len(table)} {row['struct']}.{row['field']} = "
                      f"{json.dumps(row['value'])}: {row['outcome']}"
                      + (f" ({row['detail']})" if row["outcome"] == "dies" else ""))
@@ -196,7 +218,10 @@ def readers(field: str) -> list[str]:
 
 def markdown(stock: list[dict], production: list[dict] | None = None) -> str:
     """One row per field: declared type, readers, each bad value's stock (and line) outcome."""
-    prod = {(r["struct"], r["field"], json.dumps(r["value"])): r["outcome"] for r in production or ()}
+    def outcome(r):             # a row of this run, or of docs/input_guard_fields.json
+        return r.get("outcome") or r.get("stock") or r.get("line")
+
+    prod = {(r["struct"], r["field"], json.dumps(r["value"])): outcome(r) for r in production or ()}
     by_field: dict = {}
     for r in stock:
         by_field.setdefault((r["struct"], r["field"], r["declared"]), []).append(r)
@@ -206,8 +231,8 @@ def markdown(stock: list[dict], production: list[dict] | None = None) -> str:
         cells = []
         for r in rs:
             v = json.dumps(r["value"])
-            out = r["outcome"] + (f" / {prod[(struct, field, v)]}" if (struct, field, v) in prod else "")
-            cells.append(f"`{v}`: **{out}**" if r["outcome"] == "dies" else f"`{v}`: {out}")
+            out = outcome(r) + (f" / {prod[(struct, field, v)]}" if (struct, field, v) in prod else "")
+            cells.append(f"`{v}`: **{out}**" if outcome(r) == "dies" else f"`{v}`: {out}")
         name = field if struct == "request" else f"sampling_params.{field}"
         read = ", ".join(readers(field)[:4]) or "no scheduler-side reader"
         lines.append(f"| `{name}` | `{declared}` | {read} | {'; '.join(cells)} |")
@@ -218,6 +243,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--line", choices=("stock", "production"), default="stock")
     ap.add_argument("--json", type=pathlib.Path, help="write every row (body, outcome) here")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the rows already in --json (a run that stopped) and measure the rest")
     ap.add_argument("--markdown", type=pathlib.Path, nargs="+", metavar="JSON",
                     help="print the field table from measured rows (stock, then production)")
     a = ap.parse_args(argv)
@@ -225,10 +252,22 @@ def main(argv=None) -> int:
         rows_of = [json.loads(p.read_text()) for p in a.markdown]
         print(markdown(rows_of[0], rows_of[1] if len(rows_of) > 1 else None))
         return 0
-    table = measure(a.line)
-    if a.json:
-        a.json.write_text(json.dumps([{k: v for k, v in r.items()} for r in table], indent=1,
-                                     default=lambda v: None if isinstance(v, float) and math.isnan(v) else str(v)) + "\n")
+    def save(done_rows):
+        """One row a line (docs/input_guard_fields.json's format): the outcome under the line's
+        name, and for a death the scheduler's exception."""
+        if a.json:
+            out = [{"struct": r["struct"], "field": r["field"], "declared": r["declared"],
+                    "value": r["value"], a.line: r["outcome"],
+                    **({f"{a.line}_dies_at": r["detail"].split("] ", 1)[-1]} if r["outcome"] == "dies" else {})}
+                   for r in done_rows]
+            a.json.write_text("[\n" + ",\n".join(json.dumps(r) for r in out) + "\n]\n")
+
+    done = None
+    if a.resume and a.json and a.json.exists():
+        done = [dict(r, outcome=r[a.line], detail=r.get(f"{a.line}_dies_at", ""))
+                for r in json.loads(a.json.read_text())]
+    table = measure(a.line, save=save, done=done)
+    save(table)
     dies = [r for r in table if r["outcome"] == "dies"]
     print(f"input_guard fields ({a.line}): {len(table)} rows, {len(dies)} kill the scheduler")
     for r in dies:

@@ -13,12 +13,15 @@ def test_production_line_installs_every_enabled_adapter_once():
     proc = run_python(CLI, argv=("check", "--profile", PROFILE, "--json"), timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     rows = {r["adapter"]: r for r in json.loads(proc.stdout)}
-    assert set(rows) == {"swan", "decode_yield", "swa_thin", "swa_cone", "autotune_keep", "input_guard"}
+    assert set(rows) == {"swan", "decode_yield", "swa_thin", "swa_cone", "autotune_keep", "input_guard",
+                         "admin_guard"}
     for name, row in rows.items():
         assert {"adapter", "keys", "pin_ok", "installed", "reason"} <= set(row)
         assert row["installed"] and row["pin_ok"], row
     assert rows["decode_yield"]["keys"] == {"DSV41_DECODE_YIELD": "33"}
     assert rows["swa_cone"]["keys"] == {"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_TOKENS": "8192"}
+    admin = rows["admin_guard"]["admin_exposure"]          # no key on the line: all closed by us
+    assert admin["open"] == admin["keyed"] == 0 and admin["closed"] == len(admin["routes"]) >= 40
 
 
 def test_control_line_installs_only_autotune_keep(tmp_path):
@@ -28,6 +31,8 @@ def test_control_line_installs_only_autotune_keep(tmp_path):
     rows = {r["adapter"]: r for r in json.loads(proc.stdout)}
     assert [n for n, r in rows.items() if r["installed"]] == ["autotune_keep"]
     assert all(not r["enabled"] for n, r in rows.items() if n != "autotune_keep")
+    admin = rows["admin_guard"]["admin_exposure"]          # stock: every admin route open
+    assert admin["open"] == len(admin["routes"]) >= 40 and admin["closed"] == admin["keyed"] == 0
 
 
 def test_bad_key_fails_the_check_with_the_key_named(tmp_path):

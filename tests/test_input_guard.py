@@ -2,6 +2,7 @@
 production installer), and its check on its own. The HTTP side (400 where stock dies) is
 tests/e2e/test_e2e_faults.py on the real server."""
 import types
+import typing
 from array import array
 
 import numpy as np
@@ -150,13 +151,23 @@ def test_values_stock_serves_pass(manager, extra):
     assert _counts() == {"checked": 1}
 
 
+def test_the_receipt_names_every_guarded_field():
+    hooks = []
+    ctx = types.SimpleNamespace(counters={}, fallback=lambda reason: None,
+                                around=lambda target, hook: hooks.append(target))
+    receipt = input_guard.install(ctx)
+    assert hooks == ["TokenizerManager._create_tokenized_object"]
+    for field in input_guard.FIELDS:
+        assert field.name in receipt, field.name
+
+
 def test_the_guarded_types_are_the_engines_declarations():
     kinds = input_guard.declared_kinds()
     assert kinds[("request", "top_logprobs_num")] == ("int", False)
     assert kinds[("request", "logprob_start_len")] == ("int", False)
     assert kinds[("sampling_params", "stop_token_ids")] == ("ids", True)
     with pytest.raises(input_guard.Unchecked):     # a type the guard does not know is not guessed
-        input_guard.kind_of(dict)
+        input_guard.kind_of(typing.Dict[str, int])
 
 
 # --- the check on its own ---------------------------------------------------------------------
@@ -164,22 +175,23 @@ def test_the_guarded_types_are_the_engines_declarations():
 def _req(**fields):
     base = dict(input_ids=array("q", [1, 2]), mm_inputs=None, input_embeds=None,
                 sampling_params=types.SimpleNamespace(stop_token_ids=None), top_logprobs_num=0,
-                logprob_start_len=-1)
+                logprob_start_len=-1, lora_id=None, positional_embed_overrides=None)
     base.update(fields)
     return types.SimpleNamespace(**base)
 
 
-KINDS = {("request", "logprob_start_len"): ("int", False), ("request", "top_logprobs_num"): ("int", False),
-         ("sampling_params", "stop_token_ids"): ("ids", True)}
+@pytest.fixture(scope="module")
+def kinds():
+    return input_guard.declared_kinds()
 
 
 @pytest.mark.parametrize("fields, why", [
     ({"mm_inputs": object(), "input_ids": array("q", [5_000_000])}, input_guard.MULTIMODAL),
     ({"input_embeds": [[0.0]], "input_ids": array("q", [5_000_000])}, input_guard.EMBEDS),
 ])
-def test_prompt_ids_it_does_not_check_by_design_fall_back_and_pass(fields, why):
+def test_prompt_ids_it_does_not_check_by_design_fall_back_and_pass(kinds, fields, why):
     seen = []
-    assert input_guard.check(_req(**fields), VOCAB, KINDS, seen.append) is None
+    assert input_guard.check(_req(**fields), VOCAB, kinds, seen.append) is None
     assert len(seen) == 1 and seen[0].startswith(why) and "passed unchanged" in seen[0]
 
 
@@ -187,22 +199,22 @@ def test_prompt_ids_it_does_not_check_by_design_fall_back_and_pass(fields, why):
     {"input_ids": [[1, 2], [3]]}, {"input_ids": [1.5, 2.0]},
     {"sampling_params": types.SimpleNamespace(stop_token_ids="7")},
 ])
-def test_shapes_it_does_not_know_are_unchecked(fields):
+def test_shapes_it_does_not_know_are_unchecked(kinds, fields):
     with pytest.raises(input_guard.Unchecked):
-        input_guard.check(_req(**fields), VOCAB, KINDS)
+        input_guard.check(_req(**fields), VOCAB, kinds)
 
 
-def test_a_stop_id_that_is_not_an_int_is_rejected():
-    bad = input_guard.check(_req(sampling_params=types.SimpleNamespace(stop_token_ids={1, "x"})), VOCAB, KINDS)
+def test_a_stop_id_that_is_not_an_int_is_rejected(kinds):
+    bad = input_guard.check(_req(sampling_params=types.SimpleNamespace(stop_token_ids={1, "x"})), VOCAB, kinds)
     assert bad == ("stop_token_ids", "stop_token_ids contains 'x', not a token id: this engine expects "
                                      "an integer in 0..1023")
 
 
-def test_shapes_without_ids_or_with_clean_ids_pass_silently():
+def test_shapes_without_ids_or_with_clean_ids_pass_silently(kinds):
     seen = []
     for fields in ({"input_ids": None}, {"input_ids": array("q")}, {"input_ids": [1, 2, 3]},
                    {"input_ids": np.arange(VOCAB, dtype=np.int32)}):
-        assert input_guard.check(_req(**fields), VOCAB, KINDS, seen.append) is None
+        assert input_guard.check(_req(**fields), VOCAB, kinds, seen.append) is None
     assert seen == []
 
 
@@ -214,3 +226,56 @@ def test_the_view_of_the_engines_array_is_zero_copy_and_finds_the_first_bad_id()
     assert view[999_999] == -5
     assert input_guard.first_out_of_range(view, VOCAB) == (999_998, VOCAB, 2)
     assert input_guard.first_out_of_range(view[:999_998], VOCAB) is None
+
+
+# --- the guard by construction: docs/input_guard_fields.json (bench/input_guard_fields.py) -------
+
+def _field_table():
+    import importlib.util
+    import json
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("input_guard_fields", root / "bench" / "input_guard_fields.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench, json.loads((root / "docs" / "input_guard_fields.json").read_text())
+
+
+def test_the_field_table_measures_every_field_a_client_can_set():
+    """An engine whose request structs gain a field fails here until the field is measured."""
+    import msgspec
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    bench, rows = _field_table()
+    declared = ({("request", f.name) for f in msgspec.structs.fields(TokenizedGenerateReqInput)
+                 if f.name not in bench.ENGINE_SET}
+                | {("sampling_params", f.name) for f in msgspec.structs.fields(SamplingParams)
+                   if f.name not in bench.SAMPLING_ENGINE_SET})
+    assert {(r["struct"], r["field"]) for r in rows} == declared
+    # every bad value its declared type admits was sent
+    assert {(r["struct"], r["field"], repr(r["value"])) for r in rows} == \
+        {(r["struct"], r["field"], repr(r["value"])) for r in bench.rows()}
+
+
+# Stock served it here, but the guard refuses it: -5 on a 5-token prompt is served, on a 3-token
+# prompt it kills the scheduler (issue 30's body); the engine gives no value below -1 a meaning.
+REFUSED_THOUGH_SERVED = {("request", "logprob_start_len", -5)}
+
+
+def test_the_guard_rejects_every_value_that_killed_stock_and_passes_what_stock_served():
+    _, rows = _field_table()
+    kinds = input_guard.declared_kinds()
+    guarded = {(f.struct, f.name): f for f in input_guard.FIELDS}
+    dies = [r for r in rows if r["stock"] == "dies"]
+    assert dies, "the table records no death: the measurement did not run"
+    for r in dies:
+        field = guarded.get((r["struct"], r["field"]))
+        assert field is not None, f"{r['field']} kills stock but is not in input_guard.FIELDS"
+        assert input_guard.check_field(field, *kinds[(field.struct, field.name)], r["value"], VOCAB), r
+    for r in rows:
+        if (r["struct"], r["field"]) in guarded and r["stock"] == "200":
+            field = guarded[(r["struct"], r["field"])]
+            refused = input_guard.check_field(field, *kinds[(field.struct, field.name)], r["value"], VOCAB)
+            assert (refused is not None) == ((r["struct"], r["field"], r["value"]) in REFUSED_THOUGH_SERVED), r

@@ -54,7 +54,8 @@ print("UNREACHED", flush=True)
 
 
 @pytest.mark.parametrize("adapter, key", [("decode_yield", "DSV41_DECODE_YIELD"),
-                                          ("swa_thin", "DSV41_SWA_THIN")])
+                                          ("swa_thin", "DSV41_SWA_THIN"),
+                                          ("admin_guard", "DSV41_ADMIN_GUARD")])
 def test_drifted_callable_refuses_and_stops_the_boot(adapter, key):
     proc = run_python(DRIFT_CHILD, argv=(adapter, key))
     assert "ALTERED" in proc.stdout and "UNREACHED" not in proc.stdout
@@ -98,6 +99,7 @@ print("DEPTH", depth)
 @pytest.mark.parametrize("adapter, env", [
     ("swa_thin", {"DSV41_SWA_THIN": "1"}),
     ("decode_yield", {"DSV41_DECODE_YIELD": "33"}),
+    ("admin_guard", {"DSV41_ADMIN_GUARD": "1"}),
 ])
 def test_sitecustomize_and_plugin_install_exactly_once(adapter, env):
     proc = run_python(ONCE_CHILD, env=env, argv=(adapter,))

@@ -14,7 +14,7 @@ def _by_name(result):
 def test_control_to_production_lists_v264_keys_volatile_and_tails_as_retune():
     result = profile_diff.diff(profile.load_line(PROFILE, "control"), profile.load_line(PROFILE, "production"))
     changes = _by_name(result)
-    assert set(changes) == {"DSV41_INPUT_GUARD", "DSV41_SWA_NATIVE_DECODE", "DSV41_DECODE_YIELD", "DSV41_SWA_THIN",
+    assert set(changes) == {"DSV41_INPUT_GUARD", "DSV41_ADMIN_GUARD", "DSV41_SWA_NATIVE_DECODE", "DSV41_DECODE_YIELD", "DSV41_SWA_THIN",
                             "DSV41_SWA_CONE_REPLAY", "DSV41_SWA_CONE_TOKENS", "--swa-prefix-tails"}
     assert all(changes[k]["volatile"] for k in changes if k.startswith("DSV41_"))
     assert not changes["--swa-prefix-tails"]["volatile"]

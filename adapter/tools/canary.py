@@ -10,10 +10,11 @@ other variable and argument is listed as ignored, with the reason.
 Per adapter: installed (per process), receipt and fallback lines seen, T=0 equality (n of n
 records, token ids equal and logprobs within traffic.LOGPROB_TOL), the measured effect (stream
 cadence during a chunked prefill, resume cached tokens, cone plans; input_guard: one request with
-a prompt id outside the vocabulary, sent to the line's boot last, must get 400 and the server go
-on serving), errors. Exit 0 only when every enabled adapter installed where it acts (the
-scheduler; input_guard: the launcher's tokenizer manager), outputs are equal and no request
-failed.
+a prompt id outside the vocabulary, sent to the line's boot, must get 400 and the server go
+on serving; admin_guard: one admin request with no key, POST /dump_expert_distribution_record, sent
+to the line's boot last, must get 403 naming --admin-api-key and the server go on serving),
+errors. Exit 0 only when every enabled adapter installed where it acts (the scheduler;
+input_guard, admin_guard: the launcher), outputs are equal and no request failed.
 """
 from __future__ import annotations
 
@@ -54,6 +55,10 @@ CADENCE_PREFILL = {"dense": 24576}
 # line's boot after its other traffic (stock 0.5.23's scheduler dies on it; it is not sent to the
 # control, whose traffic and logs the report compares; tests/e2e/test_e2e_faults.py shows it).
 BAD_PROMPT = [5, 6, 5_000_000]
+# admin_guard's effect: one admin request with no key, sent to the line's boot after its other
+# traffic (stock 0.5.23's scheduler dies on this one: expert_distribution.py _on_not_implemented;
+# it is not sent to the control).
+ADMIN_REQUEST = ("POST", "/dump_expert_distribution_record")
 AGREE_ENV = "DSV41CPU_AUTOTUNE_AGREE"      # --nodes: adapter/cpu/autotune_agree.py
 
 
@@ -115,6 +120,7 @@ class ConfigRun:
     log_dir: str = ""
     extras: dict = dataclasses.field(default_factory=dict)       # what on_server() returned
     bad_input: Optional[dict] = None                              # bad_input_probe (input_guard)
+    admin: Optional[dict] = None                                  # admin_probe (admin_guard)
 
     def lines(self, role_prefix: str = "") -> list[str]:
         return [ln for role, text in self.logs.items() if role.startswith(role_prefix)
@@ -185,8 +191,42 @@ def bad_input_probe(server) -> dict:
     return out
 
 
+def admin_probe(server, requests_=(ADMIN_REQUEST,)) -> dict:
+    """Admin requests with no key (method, path; in order, stopping at the first one not answered
+    403: it acted), then /health and one greedy request: what the server answered and whether it
+    kept serving."""
+    import requests
+
+    from adapter.cpu.server import output_of
+
+    out = {"requests": [], "statuses": {}}
+    for method, path in requests_:
+        name = f"{method} {path}"
+        out["requests"].append(name)
+        try:
+            resp = requests.request(method, server.url + path, timeout=120)
+            out["statuses"][name] = resp.status_code
+            if resp.status_code == 403 and "message" not in out:
+                try:
+                    out["message"] = str(resp.json().get("error", ""))[:300]
+                except ValueError:
+                    out["message"] = resp.text[:300]
+        except requests.RequestException as exc:
+            out["statuses"][name] = f"no answer ({type(exc).__name__})"
+        if out["statuses"][name] != 403:
+            break
+    try:
+        healthy = requests.get(server.url + "/health", timeout=30).status_code == 200
+        ids, _ = output_of(server.generate([5, 6, 7], max_new_tokens=4, timeout=120))
+        out["served_after"] = healthy and len(ids) == 4
+    except Exception as exc:  # noqa: BLE001 - a dead server is the finding
+        out["served_after"] = False
+        out["after_error"] = f"{type(exc).__name__}: {exc}"[:200]
+    return out
+
+
 def run_config(model: str, keys: dict, args: dict, *,
-               scenarios=("equality", "window", "idle", "cadence", "bad_input"),
+               scenarios=("equality", "window", "idle", "cadence", "bad_input", "admin"),
                progress: Optional[Callable[[str], None]] = None, name: str = "",
                extra_env: Optional[dict] = None,
                on_server: Optional[Callable[[object], dict]] = None, nodes: int = 1,
@@ -194,7 +234,8 @@ def run_config(model: str, keys: dict, args: dict, *,
     """Boot, run the traffic, stop; never leaves a process behind.
 
     scenarios may add "calibration" (traffic.calibration_run, for `dsv41 calibrate yield`);
-    "bad_input" (bad_input_probe, last) runs only where the keys enable input_guard;
+    "bad_input" (bad_input_probe) runs only where the keys enable input_guard, "admin"
+    (admin_probe, last) only where they enable admin_guard;
     extra_env goes to the server's environment (harness switches); on_server(server), called
     after the traffic while the server still runs, returns what lands in run.extras.
     nodes > 1: the production topology on this machine, one launch process per node
@@ -204,6 +245,10 @@ def run_config(model: str, keys: dict, args: dict, *,
     from adapter.tools import traffic
 
     say = progress or (lambda msg: None)
+    if key_registry.parse_env(keys).enabled("admin_guard"):
+        # the harness empties the radix cache between scenarios (/flush_cache, an admin route):
+        # admin_guard's test-only switch leaves that one route open on this CPU server
+        extra_env = {**(extra_env or {}), "DSV41_ADMIN_GUARD_TEST": "1"}
     merged = dict(MODEL_ARGS[model])
     merged.update(args)
     run = ConfigRun(model, dict(keys), dict(args))
@@ -237,6 +282,9 @@ def run_config(model: str, keys: dict, args: dict, *,
         if "bad_input" in scenarios and key_registry.parse_env(keys).enabled("input_guard"):
             say(f"{name or model}: one request with a prompt id outside the vocabulary")
             run.bad_input = bad_input_probe(server)
+        if "admin" in scenarios and key_registry.parse_env(keys).enabled("admin_guard"):
+            say(f"{name or model}: one admin request with no key")
+            run.admin = admin_probe(server)
         if on_server is not None:
             run.extras.update(on_server(server) or {})
     except BootError as exc:
@@ -312,16 +360,30 @@ def _effect(adapter: str, line: ConfigRun, control: ConfigRun) -> dict:
                 "line_served_after": line.bad_input["served_after"],
                 "control": "not sent (stock 0.5.23 dies on it: IndexError in the embedding)",
                 "rejected_lines": len([ln for ln in line.dsv41_lines(adapter) if " rejected " in ln])}
+    if adapter == "admin_guard" and line.admin:
+        request = line.admin["requests"][0]
+        return {"admin_request": request, "line_status": line.admin["statuses"][request],
+                "names_flag": "--admin-api-key" in line.admin.get("message", ""),
+                "line_served_after": line.admin["served_after"],
+                "control": "not sent (stock 0.5.23's scheduler dies on it: expert_distribution.py "
+                           "_on_not_implemented)",
+                "refused_lines": len([ln for ln in line.dsv41_lines(adapter) if " refused " in ln])}
     return {}
 
 
 def _effect_failed(adapter: str, effect: dict) -> Optional[str]:
     """An adapter whose measured effect is the contract itself (input_guard: 400, still serving;
+    admin_guard: 403 naming --admin-api-key, still serving;
     more than one rank: the ranks decided alike)."""
     if adapter == "input_guard" and effect and not (
             effect["line_status"] == 400 and effect["line_served_after"]):
         return (f"input_guard: the bad request got {effect['line_status']}, served after: "
                 f"{effect['line_served_after']} (expected 400 and served)")
+    if adapter == "admin_guard" and effect and not (
+            effect["line_status"] == 403 and effect["names_flag"] and effect["line_served_after"]):
+        return (f"admin_guard: {effect['admin_request']} got {effect['line_status']} (names "
+                f"--admin-api-key: {effect['names_flag']}), served after: "
+                f"{effect['line_served_after']} (expected 403 naming the flag, and served)")
     for flag in ("decisions_alike_on_ranks", "alike_on_ranks"):
         if effect.get(flag) is False:
             return f"{adapter}: the ranks decided differently ({flag})"

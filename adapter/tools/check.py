@@ -5,7 +5,10 @@ PATH/HOME/locale), PYTHONPATH=<repo root> and nothing else, the line's launch ar
 So the repo's sitecustomize.py arms the installer, or nothing does: the child never arms it
 itself. It then imports every engine module of the table and writes each adapter's state and the
 entry that armed the installer (`sitecustomize` with the module's path relative to the repo, or
-`plugin`). Exit 0 only when every enabled adapter installed.
+`plugin`), and the line's admin-route exposure: each route the engine marks ADMIN_OPTIONAL or
+ADMIN_FORCE, open / closed (by admin_guard or the engine) / keyed for a client without a key, from
+the engine's app, the line's keys (read by the engine's parser) and admin_guard's state (the
+admin_guard row's `admin_exposure`). Exit 0 only when every enabled adapter installed.
 """
 from __future__ import annotations
 
@@ -42,6 +45,7 @@ def run(line: Line) -> tuple[int, list[dict], str]:
                               env=child_env(line), cwd=REPO_ROOT, capture_output=True, text=True)
         report = json.loads(out.read_text()) if out.exists() else {}
     states, entry, entry_path = report.get("adapters", {}), report.get("entry"), report.get("entry_path")
+    admin = report.get("admin_exposure")
     rows = []
     for name in ADAPTERS:
         state = states.get(name)
@@ -56,6 +60,10 @@ def run(line: Line) -> tuple[int, list[dict], str]:
                      "pin_ok": state["pin_ok"], "installed": state["status"] == "installed",
                      "status": state["status"], "reason": state["detail"],
                      "entry": entry, "entry_path": entry_path})
+        if name == "admin_guard":
+            # the line's admin routes, as a client without a key finds them (open, closed by
+            # admin_guard or the engine, keyed): adapter/admin_guard.py exposure()
+            rows[-1]["admin_exposure"] = admin
     return proc.returncode, rows, proc.stderr
 
 
@@ -113,7 +121,46 @@ def format_table(rows: list[dict]) -> str:
     lines = []
     for cells in [head, *body]:
         lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths)) + "  " + cells[-1])
+    admin = next((r.get("admin_exposure") for r in rows if r["adapter"] == "admin_guard"), None)
+    if admin:
+        lines.append(format_exposure(admin))
     return "\n".join(lines)
+
+
+def format_exposure(admin: dict) -> str:
+    """One line on the line's admin routes, then the open ones by name."""
+    if "error" in admin:
+        return f"admin routes: not read ({admin['error']})"
+    def by(state):
+        names = sorted({r["by"] for r in admin["routes"] if r["exposure"] == state and r["by"]})
+        return f" (by {', '.join(names)})" if names else ""
+
+    text = (f"admin routes ({len(admin['routes'])}, the engine's ADMIN_OPTIONAL/ADMIN_FORCE) for a "
+            f"client without a key: {admin['open']} open, {admin['closed']} closed{by('closed')}, "
+            f"{admin['keyed']} keyed{by('keyed')}")
+    open_ = sorted({r["path"] for r in admin["routes"] if r["exposure"] == "open"})
+    if open_:
+        text += "\n  open: " + " ".join(open_)
+    return text
+
+
+def _admin_exposure(argv: list[str], guarded: bool) -> dict:
+    """Inside the child: the line's keys read by the engine's own parser, its app's admin routes."""
+    import argparse
+
+    from adapter import admin_guard
+
+    try:
+        from sglang.srt.entrypoints.http_server import app
+        from sglang.srt.server_args import ServerArgs
+
+        parser = argparse.ArgumentParser(exit_on_error=False, add_help=False)
+        ServerArgs.add_cli_args(parser)
+        ns, _ = parser.parse_known_args(["--model-path", "/models/x", *argv])
+        return admin_guard.exposure(app, api_key=ns.api_key, admin_api_key=ns.admin_api_key,
+                                    tokenizer_worker_num=ns.tokenizer_worker_num, guarded=guarded)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported, the check goes on
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def _child(out_path: str) -> int:
@@ -132,8 +179,10 @@ def _child(out_path: str) -> int:
     if entry == "sitecustomize":
         site = pathlib.Path(getattr(sys.modules.get("sitecustomize"), "__file__", "") or "").resolve()
         entry_path = str(site.relative_to(REPO_ROOT)) if site.is_relative_to(REPO_ROOT) else str(site)
+    admin = _admin_exposure(sys.argv[3:], states.get("admin_guard", {}).get("status") == "installed")
     pathlib.Path(out_path).write_text(json.dumps({"adapters": states, "entry": entry,
-                                                  "entry_path": entry_path}))
+                                                  "entry_path": entry_path,
+                                                  "admin_exposure": admin}))
     return 0
 
 

@@ -11,8 +11,10 @@ decline at once), decode_yield alone and swa_cone alone on the hybrid-SWA model 
 boot shows them: the yield lines, cone's decline), decode_yield at another share (the unit test
 test_share_50_yields_more_than_33 on the engine's scheduler; the real server's planner answering
 its cost model: test_e2e_calibrate). Some boots carry more than the canary traffic:
-- the production line boots with --enable-metrics; /metrics is scraped after the traffic
-  (tests/e2e/test_e2e_metrics.py reads it; the canary report is the same with or without it);
+- the production line boots with --enable-metrics; after the traffic every admin route is sent
+  one request with no key (tests/e2e/test_e2e_admin.py: 403, still serving), then /metrics is
+  scraped (tests/e2e/test_e2e_metrics.py reads it; the canary report is the same with or without
+  it);
 - swa_thin on the hybrid-SWA model boots without the flag but with a PROMETHEUS_MULTIPROC_DIR of
   the session's own (metrics off: nothing exported, imported or written);
 - decode_yield on the dense model also runs the calibration traffic
@@ -23,6 +25,7 @@ Configurations come from the production profile (.env.tp4.example): stock = no D
 the control line's CPU launch args; "each adapter on" = that adapter's keys from the production
 line with the production line's CPU launch args; production = the whole line.
 """
+import functools
 import pathlib
 import sys
 
@@ -63,6 +66,33 @@ ALONE = {"dense": ("decode_yield", "autotune_keep"),
 WATCH = "prometheus_client"
 
 
+@functools.lru_cache(maxsize=1)
+def admin_requests() -> tuple:
+    """(method, path) of every route the engine marks ADMIN_OPTIONAL, each of its methods, a path
+    parameter filled with "x"; /dump_expert_distribution_record (it kills stock) first. Not
+    /flush_cache: the harness flushes between scenarios, so the test-only switch
+    DSV41_ADMIN_GUARD_TEST=1 (canary.run_config) leaves it open on the CPU server."""
+    import re
+
+    from adapter import admin_guard
+    from adapter.cpu import cpu_engine
+
+    cpu_engine.install_torchvision_shim()
+    from sglang.srt.entrypoints.http_server import app
+
+    out = [(m, re.sub(r"\{[^}]+\}", "x", r.path)) for r in admin_guard.admin_routes(app)
+           if r.level == "admin_optional" and r.path not in admin_guard.HARNESS_ROUTES
+           for m in r.methods]
+    return tuple(sorted(out, key=lambda mp: mp != ("POST", "/dump_expert_distribution_record")))
+
+
+def _production(server) -> dict:
+    """The production boot, after the traffic: every admin route with no key (admin_guard: 403,
+    the server still serving: tests/e2e/test_e2e_admin.py), then /metrics (test_e2e_metrics.py),
+    so the refusals are on it."""
+    return dict(admin=canary.admin_probe(server, admin_requests()), **_scrape(server))
+
+
 def _scrape(server) -> dict:
     import requests
 
@@ -81,7 +111,7 @@ class Boots:
         """(args, extra_env, on_server, scenarios) this session adds to a configuration."""
         env, on_server, add = {"DSV41CPU_WATCH_IMPORTS": WATCH}, None, ()
         if keys == PROD_KEYS:
-            args, on_server = dict(args, **{"--enable-metrics": ""}), _scrape
+            args, on_server = dict(args, **{"--enable-metrics": ""}), _production
         elif model == "swa" and keys == adapter_keys("swa_thin") and self.tmp_dir is not None:
             prom = self.tmp_dir / "prometheus-multiproc-swa-thin"
             prom.mkdir(parents=True, exist_ok=True)

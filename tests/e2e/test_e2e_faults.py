@@ -106,6 +106,24 @@ FATAL_INPUTS = [
      _gen([5, 6, 7], 4, return_logprob=True, top_logprobs_num=100_000)),
     ("fatal-top-logprobs-cobatched", "top_logprobs_num", "/generate",
      _gen([[5, 6, 7], [8, 9, 10]], 4, return_logprob=[False, True], top_logprobs_num=[100_000, 0])),
+    # issue 30: the engine's schema takes the batch form (a list) on a single request too, and
+    # nothing checks logprob_start_len below -1; then every row of docs/input_guard.md's field
+    # table where stock dies (bench/input_guard_fields.py)
+    ("fatal-top-logprobs-list", "top_logprobs_num", "/generate",
+     {"input_ids": [5, 6, 7], "return_logprob": True, "top_logprobs_num": [3]}),
+    ("fatal-top-logprobs-list-big", "top_logprobs_num", "/generate",
+     {"input_ids": [5, 6, 7], "return_logprob": True, "top_logprobs_num": [100_000]}),
+    ("fatal-logprob-start-list", "logprob_start_len", "/generate",
+     {"input_ids": [5, 6, 7], "return_logprob": True, "logprob_start_len": [0]}),
+    ("fatal-logprob-start-negative", "logprob_start_len", "/generate",
+     {"input_ids": [5, 6, 7], "return_logprob": True, "logprob_start_len": -5}),
+    ("fatal-logprob-start-very-negative", "logprob_start_len", "/generate",
+     _gen([5, 6, 7, 8, 9], 4, return_logprob=True, logprob_start_len=-2**40)),
+    ("fatal-lora-id-list", "lora_id", "/generate", _gen([5, 6, 7], 4, lora_id=["a"])),
+    ("fatal-embed-overrides-str", "positional_embed_overrides", "/generate",
+     _gen([5, 6, 7], 4, positional_embed_overrides="x")),
+    ("fatal-embed-overrides-list", "positional_embed_overrides", "/generate",
+     _gen([5, 6, 7], 4, positional_embed_overrides=[1])),
 ]
 
 
@@ -403,7 +421,7 @@ def test_bad_inputs_get_stocks_status_class_and_fatal_ones_400_where_stock_dies(
     for kind, *_ in FATAL_INPUTS:
         assert _outcomes(prod, kind) == ["400, alive"], (kind, _outcomes(prod, kind))
     # Counted by reason on /metrics (the launcher's tokenizer manager counts, tp_rank "").
-    for reason in ("input_ids", "stop_token_ids", "top_logprobs_num"):
+    for reason in sorted({r for _, r, *_ in FATAL_INPUTS}):
         sent = sum(1 for _, r, *_ in FATAL_INPUTS if r == reason)
         key = f'dsv41_input_guard_rejected_total{{reason="{reason}",tp_rank=""}}'
         assert prod.final_metrics.get(key) == sent, (reason, {k: v for k, v in prod.final_metrics.items()

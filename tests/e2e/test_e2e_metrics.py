@@ -97,8 +97,10 @@ def _check_against_receipts(run: Scraped):
     ours = {k: v for k, v in run.samples.items() if k[0].startswith("dsv41_")}
     for (name, labels), _ in ours.items():
         if name != "dsv41_adapter_installed":
-            # input_guard counts in the launcher (no TP rank there); the others in the scheduler
-            launcher = name.startswith("dsv41_input_guard") or dict(labels).get("adapter") == "input_guard"
+            # input_guard and admin_guard count in the launcher (no TP rank there); the others
+            # in the scheduler
+            launcher = name.startswith(("dsv41_input_guard", "dsv41_admin_guard")) or \
+                dict(labels).get("adapter") in ("input_guard", "admin_guard")
             assert dict(labels)["tp_rank"] == ("" if launcher else "0"), (name, labels)
     # installed gauge: one per adapter, 1 exactly where the process it acts in logged "installed"
     for adapter in ADAPTERS:

@@ -1,0 +1,321 @@
+"""admin_guard (`DSV41_ADMIN_GUARD=1`): the engine's admin routes answer 403 unless the engine's
+own admin key (`--admin-api-key`) is configured.
+
+The stock 0.5.23 HTTP server marks its management routes `AuthLevel.ADMIN_OPTIONAL`
+(sglang/srt/utils/auth.py; the `@auth_level` decorators in entrypoints/http_server.py): weight
+updates, memory release and resume, profiling, pause / continue, cache flush, LoRA loading,
+expert-distribution records, ... With neither `--api-key` nor `--admin-api-key` on the launch line
+(the production profile has none) the engine adds no auth middleware at all, so every one of them
+is open to any client that reaches the port. One of them kills the server: a single
+`POST /dump_expert_distribution_record` takes the scheduler down (expert_distribution.py
+`_on_not_implemented`, "Scheduler hit an exception"). With only `--api-key`, anyone holding the
+inference key may call them.
+
+With the key set, the launcher's HTTP app gets one ASGI middleware of ours, added where the engine
+adds its own auth middleware (`_setup_and_run_http_server`, before uvicorn starts), when the
+engine's admin key is NOT configured. It asks the engine's own functions: the route's level
+(`_get_auth_level_from_app_and_scope`, the engine's route match) and, for an ADMIN_OPTIONAL route,
+the engine's decision for its ADMIN_FORCE level (`decide_request_auth`: without an admin key,
+403; health, readiness, `/metrics` and OPTIONS always allowed). So an admin route is closed exactly
+as the engine closes its ADMIN_FORCE routes when no admin key is set, and answers 403 with a body
+that names `--admin-api-key`. Every other route (NORMAL: /generate, /v1/*, health, readiness,
+/metrics, unknown paths) is passed on untouched, as are websocket and lifespan scopes; a path
+that no ADMIN_OPTIONAL route's pattern matches is passed after one regex match (the engine's route
+match over its whole table costs 50-250 us a request on this CPU, so it runs only for those). The engine's
+own auth middleware, where it adds one (a key on the line), runs outside ours and unchanged.
+
+With `--admin-api-key` set the engine keys its admin routes itself (ADMIN_OPTIONAL then accepts
+only that key): nothing of ours is added (one line says so). The engine's own post-warmup
+`POST /freeze_gc` (`_freeze_gc_after_server_warmup`, which carries no key when none is
+configured) is let through: one request of that route while that engine function runs.
+
+Where it cannot act as designed it declines with one fallback line and changes nothing:
+`--tokenizer-worker-num` > 1 (the engine serves its app from tokenizer worker processes and adds
+no auth middleware there), an app with no ADMIN_OPTIONAL route, a failure to add the middleware.
+A failure of the decision itself on a request is a fallback line too, and the request goes on
+unchanged: no exception of ours reaches the engine.
+
+Test only: `DSV41_ADMIN_GUARD_TEST=1` (in no profile) leaves `/flush_cache` open, for the CPU
+harness (adapter/cpu/server.py `flush_cache`), which empties the radix cache between the canary's
+scenarios on every boot alike.
+
+Receipts: `[dsv41] admin_guard installed: ...` at import of the HTTP server module; one line when
+the guard is added to the app (how many routes it closes) or left out (admin key set); the first
+refusal of each route is logged, later ones are counted (`refused:<route>`, on `/metrics` as
+`dsv41_admin_guard_refused_total{route}`); `engine_calls` counts the engine's own requests let
+through.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+
+from adapter import receipts
+
+NAME = "admin_guard"
+KEY = "DSV41_ADMIN_GUARD"
+TEST_KEY = "DSV41_ADMIN_GUARD_TEST"       # test only: the CPU harness's /flush_cache stays open
+HARNESS_ROUTES = ("/flush_cache",)
+FLAG = "--admin-api-key"
+HTTP_SERVER = "sglang.srt.entrypoints.http_server"
+# The engine's own admin request after warmup (http_server._freeze_gc_after_server_warmup).
+ENGINE_CALL = ("POST", "/freeze_gc")
+
+# Counter keys in receipts.counters["admin_guard"] (series: adapter/metrics.py KEYS).
+COUNTERS = {
+    "refused:": "admin requests answered 403, by route (the route's path template)",
+    "engine_calls": "the engine's own admin requests let through (its post-warmup POST /freeze_gc)",
+}
+
+MULTI_TOKENIZER = ("--tokenizer-worker-num {n}: the engine serves its HTTP app from tokenizer "
+                   "worker processes and adds no auth middleware there; admin routes left as the "
+                   "engine leaves them")
+NO_ADMIN_ROUTES = ("the engine's HTTP app marks no route ADMIN_OPTIONAL; nothing to close, app "
+                   "left unchanged")
+
+
+def message(route: str) -> str:
+    """The 403 body's text."""
+    return (f"Forbidden: {route} is an admin route of this server, which was started without "
+            f"{FLAG}. Restart it with {FLAG} <key> to open its admin routes to holders of that "
+            f"key (dsv41 admin_guard, {KEY}=1).")
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    path: str
+    methods: tuple[str, ...]
+    level: str            # the engine's AuthLevel value: "admin_optional" | "admin_force"
+
+
+def _routes(app) -> list:
+    return getattr(getattr(app, "router", None), "routes", None) or getattr(app, "routes", [])
+
+
+def admin_routes(app) -> list[Route]:
+    """The app's routes the engine marks ADMIN_OPTIONAL or ADMIN_FORCE (its `_auth_level`)."""
+    from sglang.srt.utils.auth import AuthLevel
+
+    out = []
+    for route in _routes(app):
+        level = getattr(getattr(route, "endpoint", None), "_auth_level", None)
+        if level in (AuthLevel.ADMIN_OPTIONAL, AuthLevel.ADMIN_FORCE):
+            out.append(Route(route.path, tuple(sorted(getattr(route, "methods", None) or ())),
+                             level.value))
+    return out
+
+
+def _template(app, scope) -> str:
+    """The path template of the route the request matched (a bounded label for the counter)."""
+    from starlette.routing import Match
+
+    for route in _routes(app):
+        try:
+            match, _ = route.matches(scope)
+        except Exception:  # noqa: BLE001 - as the engine's own route match
+            continue
+        if match == Match.FULL:
+            return getattr(route, "path", None) or scope.get("path", "?")
+    return scope.get("path", "?")
+
+
+def refuses(app, scope, *, method: str, path: str, authorization, api_key) -> bool:
+    """Whether the guard answers this request 403: the engine's level for the route is
+    ADMIN_OPTIONAL and the engine's decision for ADMIN_FORCE with no admin key refuses it."""
+    from sglang.srt.utils.auth import AuthLevel, _get_auth_level_from_app_and_scope, decide_request_auth
+
+    if _get_auth_level_from_app_and_scope(app, scope) != AuthLevel.ADMIN_OPTIONAL:
+        return False
+    return not decide_request_auth(method=method, path=path, authorization_header=authorization,
+                                   api_key=api_key, admin_api_key=None,
+                                   auth_level=AuthLevel.ADMIN_FORCE).allowed
+
+
+def admin_path_regex(app):
+    """One regex over the path patterns of the app's ADMIN_OPTIONAL routes (their path_regex,
+    named groups made plain): a path it does not match cannot reach such a route, so the engine's
+    route match (~50-250 us over the whole table on this CPU) runs only for paths it matches."""
+    from sglang.srt.utils.auth import AuthLevel
+
+    patterns = [route.path_regex.pattern for route in _routes(app)
+                if getattr(getattr(route, "endpoint", None), "_auth_level", None)
+                == AuthLevel.ADMIN_OPTIONAL and getattr(route, "path_regex", None) is not None]
+    if not patterns:
+        return None
+    return re.compile("|".join(f"(?:{re.sub(r'[(][?]P<[^>]+>', '(?:', p)})" for p in patterns))
+
+
+class AdminGuard:
+    """ASGI middleware (pure ASGI, like the engine's auth middleware: client disconnects reach the
+    routes unchanged)."""
+
+    def __init__(self, app, *, fastapi_app, api_key, counters, engine_calls, fallback,
+                 harness_routes=()):
+        self.app = app
+        self.harness_routes = tuple(harness_routes)   # DSV41_ADMIN_GUARD_TEST=1 (test only)
+        self.fastapi_app = fastapi_app
+        self.api_key = api_key
+        self.counters = counters
+        self.engine_calls = engine_calls      # one token per running engine self-call
+        self.fallback = fallback
+        self.logged: set = set()
+        self._regex = None
+        self._regex_of = -1                   # the route count the regex was built for
+
+    def _candidate(self, scope) -> bool:
+        """Could this path reach an ADMIN_OPTIONAL route? (rebuilt when the app's routes change)"""
+        from starlette.routing import get_route_path
+
+        routes = _routes(self.fastapi_app)
+        if len(routes) != self._regex_of:
+            self._regex, self._regex_of = admin_path_regex(self.fastapi_app), len(routes)
+        return self._regex is not None and self._regex.match(get_route_path(scope)) is not None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            route = self._refused_route(scope) if self._candidate(scope) else None
+        except Exception as exc:  # noqa: BLE001 - a failing decision never stops a request
+            self.fallback(f"the decision itself failed ({type(exc).__name__}); request passed "
+                          "unchanged")
+            route = None
+        if route is None:
+            await self.app(scope, receive, send)
+            return
+        from fastapi.responses import ORJSONResponse
+
+        response = ORJSONResponse(content={"error": message(route)}, status_code=403)
+        await response(scope, receive, send)
+
+    def _refused_route(self, scope):
+        """The route template when the request is refused, else None."""
+        from starlette.requests import Request
+
+        request = Request(scope)
+        if not refuses(self.fastapi_app, scope, method=request.method, path=request.url.path,
+                       authorization=request.headers.get("Authorization"), api_key=self.api_key):
+            return None
+        route = _template(self.fastapi_app, scope)
+        if route in self.harness_routes:
+            if ("harness", route) not in self.logged:
+                self.logged.add(("harness", route))
+                receipts.line(NAME, "let %s through: DSV41_ADMIN_GUARD_TEST=1 (test only, the CPU "
+                              "harness)", route)
+            return None
+        if (request.method, route) == ENGINE_CALL and self.engine_calls:
+            try:
+                self.engine_calls.pop()
+            except IndexError:          # another request took it
+                pass
+            else:
+                self.counters["engine_calls"] += 1
+                if "engine_call" not in self.logged:
+                    self.logged.add("engine_call")
+                    receipts.line(NAME, "let the engine's own post-warmup POST /freeze_gc through")
+                return None
+        self.counters[f"refused:{route}"] += 1
+        if route not in self.logged:
+            self.logged.add(route)
+            receipts.line(NAME, "refused %s %s (HTTP 403): an admin route and no --admin-api-key "
+                          "on the line; further refusals of %s are counted, not logged",
+                          request.method, request.url.path, route)
+        return route
+
+
+def guard_app(ctx, engine_calls: list, harness_routes=()) -> bool:
+    """Add the guard to the engine's HTTP app where it acts; True when added."""
+    module = sys.modules[HTTP_SERVER]
+    serving = module.get_serving()
+    app = module.app
+    if serving.tokenizer_worker_num != 1:
+        ctx.fallback(MULTI_TOKENIZER.format(n=serving.tokenizer_worker_num))
+        return False
+    optional = [r for r in admin_routes(app) if r.level == "admin_optional"]
+    if serving.admin_api_key:
+        receipts.line(NAME, "left the %d admin routes to the engine: --admin-api-key is set, so "
+                      "the engine keys them itself (nothing of ours added)", len(optional))
+        return False
+    if not optional:
+        ctx.fallback(NO_ADMIN_ROUTES)
+        return False
+    app.add_middleware(AdminGuard, fastapi_app=app, api_key=serving.api_key,
+                       counters=ctx.counters, engine_calls=engine_calls, fallback=ctx.fallback,
+                       harness_routes=harness_routes)
+    receipts.line(NAME, "closed %d admin routes (ADMIN_OPTIONAL) of the HTTP app: no "
+                  "--admin-api-key on the line, they answer 403 naming it; health, readiness, "
+                  "/metrics and request routes unchanged", len(optional))
+    return True
+
+
+def exposure(app, *, api_key, admin_api_key, tokenizer_worker_num: int, guarded: bool) -> dict:
+    """What a client without a key gets from each admin route of `app` on a launch line with these
+    keys (`dsv41 check`): "open", "closed" (403: by admin_guard, or the engine's ADMIN_FORCE rule)
+    or "keyed" (401 without the key named in "by"). The engine's own gate and decision decide
+    where ours does not."""
+    from sglang.srt.utils.auth import AuthLevel, app_has_admin_force_endpoints, decide_request_auth
+
+    single = tokenizer_worker_num == 1
+    engine_auth = single and bool(api_key or admin_api_key or app_has_admin_force_endpoints(app))
+    ours = guarded and single and not admin_api_key
+    routes = []
+    for r in admin_routes(app):
+        level = AuthLevel(r.level)
+        method = r.methods[0] if r.methods else "GET"
+        if ours and level == AuthLevel.ADMIN_OPTIONAL and not decide_request_auth(
+                method=method, path=r.path, authorization_header=None, api_key=api_key,
+                admin_api_key=None, auth_level=AuthLevel.ADMIN_FORCE).allowed:
+            state, by = "closed", NAME
+        elif not engine_auth:
+            state, by = "open", None
+        else:
+            decision = decide_request_auth(method=method, path=r.path, authorization_header=None,
+                                           api_key=api_key, admin_api_key=admin_api_key,
+                                           auth_level=level)
+            if decision.allowed:
+                state, by = "open", None
+            elif decision.error_status_code == 403:
+                state, by = "closed", "engine"
+            else:
+                state, by = "keyed", FLAG if (admin_api_key or level == AuthLevel.ADMIN_FORCE) \
+                    else "--api-key"
+        routes.append({"path": r.path, "methods": list(r.methods), "level": r.level,
+                       "exposure": state, "by": by})
+    counts = {k: sum(x["exposure"] == k for x in routes) for k in ("open", "closed", "keyed")}
+    return {"api_key": bool(api_key), "admin_api_key": bool(admin_api_key),
+            "tokenizer_worker_num": tokenizer_worker_num, "guarded": ours, **counts,
+            "routes": routes}
+
+
+def install(ctx) -> str:
+    engine_calls: list = []
+    harness = HARNESS_ROUTES if ctx.value(TEST_KEY) else ()
+
+    def setup_and_run_http_server(original, *args, **kwargs):
+        try:
+            guard_app(ctx, engine_calls, harness)
+        except Exception as exc:  # noqa: BLE001 - never stop the server from starting
+            ctx.fallback(f"the guard could not be added to the HTTP app ({type(exc).__name__}: "
+                         f"{exc}); admin routes left as the engine leaves them")
+        return original(*args, **kwargs)
+
+    def freeze_gc_after_server_warmup(original, *args, **kwargs):
+        token = object()
+        engine_calls.append(token)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            try:
+                engine_calls.remove(token)
+            except ValueError:          # the guard let it through (popped)
+                pass
+
+    ctx.around("_setup_and_run_http_server", setup_and_run_http_server)
+    ctx.around("_freeze_gc_after_server_warmup", freeze_gc_after_server_warmup)
+    return (f"{KEY}=1: unless {FLAG} is set, the routes the engine marks ADMIN_OPTIONAL answer "
+            f"HTTP 403 naming {FLAG} (the engine's ADMIN_FORCE rule, in a middleware of the "
+            "launcher's HTTP app); health, readiness, /metrics and request routes unchanged"
+            + (f"; {TEST_KEY}=1 (test only): {', '.join(harness)} left open for the CPU harness"
+               if harness else ""))
