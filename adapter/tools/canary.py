@@ -245,10 +245,6 @@ def run_config(model: str, keys: dict, args: dict, *,
     from adapter.tools import traffic
 
     say = progress or (lambda msg: None)
-    if key_registry.parse_env(keys).enabled("admin_guard"):
-        # the harness empties the radix cache between scenarios (/flush_cache, an admin route):
-        # admin_guard's test-only switch leaves that one route open on this CPU server
-        extra_env = {**(extra_env or {}), "DSV41_ADMIN_GUARD_TEST": "1"}
     merged = dict(MODEL_ARGS[model])
     merged.update(args)
     run = ConfigRun(model, dict(keys), dict(args))

@@ -71,7 +71,7 @@ def admin_requests() -> tuple:
     """(method, path) of every route the engine marks ADMIN_OPTIONAL, each of its methods, a path
     parameter filled with "x"; /dump_expert_distribution_record (it kills stock) first. Not
     /flush_cache: the harness flushes between scenarios, so the test-only switch
-    DSV41_ADMIN_GUARD_TEST=1 (canary.run_config) leaves it open on the CPU server."""
+    DSV41_ADMIN_GUARD_TEST=1 (CpuServer.environment) leaves it open on the CPU server."""
     import re
 
     from adapter import admin_guard
