@@ -6,7 +6,8 @@ TileLang), one function each, grouped by the engine module they stand in for:
     compressor.py  compressor_v2.create_paged_compressor_data, compress.compress_forward,
                    compress.compress_norm_rope_store
     norm_rope.py   norm_rope.fused_* (q / k / kv norm + rope, indexer q quant), get_rope_wrapper
-    mhc.py         mhc.hc_split_sinkhorn, mhc.mhc_combine
+    mhc.py         mhc.hc_split_sinkhorn, mhc.mhc_combine, mhc_head.fused_hc_head
+    kv_pool.py     kv_cache_configurator.KVCacheConfigurator.configure's CPU fp8 refusal
 
 Tests, benches and CPU test servers only: `install()` runs from the CPU harness sitecustomize
 (adapter/cpu/site/) when DSV41CPU_DSV4=1, which adapter/cpu/server.py sets for model="dsv4".
@@ -20,6 +21,9 @@ import sys
 ENGINE_ENV = {
     "SGLANG_SM120_FLASHMLA_BACKEND": "torch",
     "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH": "1",
+    # On SM120 the engine turns the TileLang indexer logits on unless this is set (model_hook.py);
+    # off, the indexer takes the torch fp8_paged_mqa_logits_torch_sm120.
+    "SGLANG_OPT_USE_TILELANG_INDEXER": "0",
     "SGLANG_OPT_FUSE_MHC_POST_PRE": "0",
     "SGLANG_OPT_USE_TILELANG_MHC_PRE": "0",
     "SGLANG_OPT_USE_TILELANG_MHC_POST": "0",
@@ -47,6 +51,7 @@ def _stand_ins() -> dict:
         "sglang.kernels.ops.attention.dsv4": {**rope, **compress},
         "sglang.kernels.ops.attention.dsv4.compress": compress,
         "sglang.kernels.ops.layernorm.mhc": mhc_ops,
+        "sglang.kernels.ops.layernorm.mhc_head": {"fused_hc_head": mhc.fused_hc_head},
         "sglang.srt.layers.rotary_embedding": {"get_rope_wrapper": norm_rope.get_rope_wrapper},
         "sglang.srt.layers.attention.dsv4.compressor_v2": {**compress, **plan},
         "sglang.srt.layers.attention.dsv4.indexer": rope,
@@ -88,6 +93,16 @@ def install() -> None:
                                  f"{', '.join(sorted(done))}\n")
         wrapt.register_post_import_hook(hook, target)
     wrapt.register_post_import_hook(_sm120, "sglang.srt.runtime_context")
+    wrapt.register_post_import_hook(_kv_pool, "sglang.srt.mem_cache.kv_cache_configurator")
+
+
+def _kv_pool(module) -> None:
+    """The CPU fp8-KV refusal, lifted for the DeepSeek-V4 pool (adapter.cpu.dsv4.kv_pool)."""
+    from adapter.cpu.dsv4 import kv_pool
+
+    if kv_pool.install(module):
+        sys.stderr.write(f"[dsv41-cpu] dsv4 stand-in in {module.__name__}: "
+                         "KVCacheConfigurator.configure (CPU fp8 KV refusal, V4 pool only)\n")
 
 
 def _sm120(module) -> None:

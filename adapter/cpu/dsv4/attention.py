@@ -69,7 +69,7 @@ def store_index_k(buf: torch.Tensor, loc: torch.Tensor, k: torch.Tensor, page_si
     if not loc.numel():
         return
     k = k.float()
-    scale = (k.abs().amax(-1, keepdim=True) / FP8_MAX).clamp_min(1e-8)
+    scale = k.abs().amax(-1, keepdim=True).clamp_min(1e-4) / FP8_MAX      # the kernel floors amax at 1e-4
     data = (k / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8).view(torch.uint8)
     loc = loc.to(torch.int64)
     page, slot = loc // page_size, loc % page_size

@@ -22,3 +22,12 @@ def mhc_combine(x_flat: torch.Tensor, pre: torch.Tensor, hc: int, out_dtype: tor
     m = x_flat.shape[0]
     x = x_flat.float().view(m, hc, x_flat.shape[1] // hc)
     return torch.einsum("mk,mkh->mh", pre.float(), x).to(out_dtype)
+
+
+def fused_hc_head(x, hc_fn, hc_scale, hc_base, norm_eps, hc_eps):
+    """Stand-in for mhc_head.fused_hc_head, the LM-head mixer (production: the Triton
+    `_hc_head_kernel`): the engine's own torch version, deepseek_v4.hc_head_torch, which the
+    model itself runs for an empty batch."""
+    from sglang.srt.models.deepseek_v4 import hc_head_torch
+
+    return hc_head_torch(x, hc_fn, hc_scale, hc_base, norm_eps=norm_eps, hc_eps=hc_eps)

@@ -16,7 +16,8 @@ then runs the next sitecustomize on sys.path: the repo's own, exactly as product
   7. DSV41CPU_AUTOTUNE_AGREE=<dir> (tests only): each scheduler runs the engine's autotune cache
      agreement over its TP group once it is up (adapter/cpu/autotune_agree.py).
   8. DSV41CPU_DSV4=1 (model="dsv4"): the DeepSeek-V4 stand-ins for the GPU kernels, rebound in
-     each engine module as it imports, and the GB10 (SM120) platform (adapter/cpu/dsv4/).
+     each engine module as it imports, the GB10 (SM120) platform, and the engine's CPU fp8-KV
+     refusal lifted for the V4 pool only (adapter/cpu/dsv4/).
 Failures end the process loudly: `site` would swallow them.
 """
 import os
