@@ -13,7 +13,9 @@ where the engine expects an int is a 400) and the range its users rely on:
 
 - prompt ids (`input_ids`, whichever way they came: `/generate` single and batched, token-id
   prompts of `/v1/completions`, `/v1/chat/completions` `input_ids`, the tokenizer's output): each
-  in [0, vocab_size) - the embedding indexes with them (`IndexError`);
+  in [0, vocab_size) - the embedding indexes with them (`IndexError`) - and at least one (a text
+  that tokenizes to nothing: the prefill of 0 tokens dies reshaping its logits; found by the
+  fuzz test);
 - `stop_token_ids` in [0, vocab_size): the min-new-tokens penalizer scatters every request's stop
   ids of a batch into a vocabulary-sized row;
 - `top_logprobs_num` an int <= vocab_size: the batch's max k goes to `logprobs.topk`, and
@@ -243,6 +245,11 @@ def check_ids(tokenized, vocab: int, fallback):
     ids = tokenized.input_ids
     if ids is None:
         return None
+    if len(ids) == 0 and hasattr(tokenized, "top_logprobs_num"):
+        # a text prompt that tokenizes to nothing ("" on a tokenizer without BOS): the
+        # scheduler's prefill of 0 tokens dies reshaping its logits (found by fuzzing)
+        return ("the prompt has no tokens (its text tokenizes to nothing): this engine needs at "
+                "least one prompt token")
     if type(ids) is array and ids.typecode == "q":      # what the engine builds
         # the common case in one numpy pass over the engine's buffer (no copy)
         if not ids:

@@ -124,6 +124,19 @@ FATAL_INPUTS = [
      _gen([5, 6, 7], 4, positional_embed_overrides="x")),
     ("fatal-embed-overrides-list", "positional_embed_overrides", "/generate",
      _gen([5, 6, 7], 4, positional_embed_overrides=[1])),
+    ("fatal-embed-overrides-int", "positional_embed_overrides", "/generate",
+     _gen([5, 6, 7], 4, positional_embed_overrides=5)),
+    ("fatal-logprob-start-list-3", "logprob_start_len", "/generate",
+     _gen([5, 6, 7, 8, 9], 4, return_logprob=True, logprob_start_len=[3])),
+    ("fatal-top-logprobs-huge", "top_logprobs_num", "/generate",
+     _gen([5, 6, 7, 8, 9], 4, return_logprob=True, top_logprobs_num=2**40)),
+    # found by the fuzz test: a text prompt that tokenizes to nothing (the tiny tokenizer adds no BOS)
+    ("fatal-empty-text", "input_ids", "/generate", {"text": "", "sampling_params": {"max_new_tokens": 4}}),
+    ("fatal-empty-text-batched", "input_ids", "/v1/completions",
+     {"model": "m", "prompt": ["", "a"], "max_tokens": 4}),
+    ("fatal-stop-ids-negative", "stop_token_ids", "/generate",
+     {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4, "min_new_tokens": 2,
+                                                  "stop_token_ids": [-1]}}),
 ]
 
 

@@ -1,0 +1,345 @@
+"""Fuzzing the request routes (issue 30): schemathesis against the production line, stock reported.
+
+One boot of the production line (the dense model, the suite's production configuration:
+tests/e2e/e2e_configs.py PROD_KEYS / PROD_ARGS, --enable-metrics). schemathesis reads the server's
+own /openapi.json and generates request bodies for the request routes (ROUTES) that fit each
+route's schema, through its Hypothesis strategies: the fuzzing phase only, with a fixed seed (its
+examples and coverage phases spend minutes generating for the engine's request schemas before they
+send anything; its negative mode up to a minute per body). Each body is sent on its own, one after the
+other, to 127.0.0.1 only, with a time limit per request, until FUZZ_S seconds or MAX_REQUESTS
+requests are spent, or the server dies. Then, asserted:
+
+  every process of the boot (launcher, scheduler, detokenizer) alive, /health 200, the greedy
+  probes (token ids and logprobs) equal to the ones before the fuzz, no scheduler exception in
+  its log.
+
+Reported, not asserted: the same bodies, in the same order, replayed on stock (no DSV41 keys, the
+control line's launch args) within STOCK_S seconds and STOCK_BOOTS boots (a dead stock is booted
+again to go on; a body sent before is not sent again), each body that killed it with its
+scheduler's exception line; then, the last thing sent to a stock boot, one
+`POST /dump_expert_distribution_record` with no body (an admin route; whether stock died on it).
+Every body that killed a boot or got a 5xx from production is listed with the server's own
+exception line. The test prints
+
+  fuzz: production alive after N requests over M routes; stock died on K distinct bodies
+
+(or `...; stock survived`), and a second line on the stock run and the admin request.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import json
+import pathlib
+import time
+
+import hypothesis
+import psutil
+import pytest
+import requests
+import schemathesis
+from hypothesis import HealthCheck, Phase, Verbosity
+from hypothesis import strategies as st
+from schemathesis import GenerationMode
+from schemathesis.core import NotSet
+
+from adapter.cpu.server import LAUNCHER_ROLE, BootError, CpuServer, error_lines
+from adapter.tools import traffic
+
+from e2e.e2e_configs import CTRL_ARGS, PROD_ARGS, PROD_KEYS
+
+MODEL = "dense"
+ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/score",
+          "/encode", "/classify")
+SEED = 20261230
+FUZZ_S = 150.0              # the production fuzz loop (generation + requests)
+MAX_REQUESTS = 1500         # and at most this many requests
+REQUEST_S = 20.0            # one request: connect + the whole answer (a stream is cut there)
+DEATH_WAIT_S = 3.0          # after no answer: how long a dying server gets to show it (its
+                            # scheduler's death takes the launcher down: the request gets no
+                            # answer); a 5xx answered by the launcher gets HANDLED_WAIT_S
+HANDLED_WAIT_S = 0.5
+STOCK_S = 75.0              # the stock replay, its boots included (no new boot after this)
+STOCK_BOOTS = 3             # boots for the replay; one more for the admin request if stock is dead
+ADMIN = "/dump_expert_distribution_record"
+SCHED_ERRORS = ("Scheduler hit an exception", "Traceback (most recent call last)")
+PROBES = ((11, 40), (12, 1300))     # (seed, tokens): a short prompt and a chunked one (1024 chunks)
+JSON = {"Content-Type": "application/json"}
+
+
+@dataclasses.dataclass
+class Sent:
+    route: str
+    body: bytes | None
+    status: int | str           # HTTP status, or "no answer (...)"
+    text: str = ""              # the answer's first bytes
+    cut: bool = False           # still answering after REQUEST_S: the client closed it
+    seconds: float = 0.0
+    exception: str = ""         # on a 5xx: the server's last exception line
+
+    @property
+    def key(self) -> tuple:
+        return self.route, self.body
+
+    def show(self, limit: int = 400) -> str:
+        body = "(no body)" if self.body is None else self.body.decode("utf-8", "replace")
+        return f"POST {self.route} {body[:limit]}{' ...' if len(body) > limit else ''}"
+
+
+@dataclasses.dataclass
+class Death:
+    sent: Sent
+    exception: str              # the server's own exception line (scheduler first)
+    boot: int
+
+
+def body_of(case) -> bytes | None:
+    """The bytes schemathesis's case puts on the wire (a JSON body, or raw bytes in negative mode)."""
+    if isinstance(case.body, NotSet):
+        return None
+    if isinstance(case.body, (bytes, bytearray)):
+        return bytes(case.body)
+    return json.dumps(case.body).encode()
+
+
+def send(server: CpuServer, route: str, body: bytes | None) -> Sent:
+    url = server.url + route
+    assert url.startswith("http://127.0.0.1:"), url      # loopback only
+    began = time.monotonic()
+    try:
+        with requests.post(url, data=body, headers=JSON if body is not None else {}, stream=True,
+                           timeout=(10, REQUEST_S)) as resp:
+            deadline, head, cut = time.monotonic() + REQUEST_S, b"", False
+            for chunk in resp.iter_content(65536):
+                head = head if len(head) >= 600 else head + chunk
+                if time.monotonic() > deadline:
+                    cut = True
+                    break
+            return Sent(route, body, resp.status_code, head[:600].decode("utf-8", "replace"), cut,
+                        time.monotonic() - began)
+    except requests.RequestException as exc:
+        return Sent(route, body, f"no answer ({type(exc).__name__})", seconds=time.monotonic() - began)
+
+
+class Boot:
+    """One server and the processes it booted with."""
+
+    def __init__(self, name: str, keys: dict, args: dict, log_dir: pathlib.Path):
+        self.server = CpuServer(MODEL, keys=keys, args=args, name=name, log_dir=log_dir)
+        self.pids: dict[int, str] = {}
+
+    def start(self) -> "Boot":
+        self.server.start()
+        self.pids = {pid: role for pid, role in self.server.roles.items()
+                     if pid == self.server.proc.pid or role.startswith("sglang::")}
+        return self
+
+    def dead(self) -> list[str]:
+        """The boot's processes that are gone (or zombies)."""
+        out = []
+        for pid, role in self.pids.items():
+            try:
+                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    out.append(f"{role} pid {pid}")
+            except psutil.NoSuchProcess:
+                out.append(f"{role} pid {pid}")
+        return out
+
+    def healthy(self) -> bool:
+        with contextlib.suppress(requests.RequestException):
+            return requests.get(self.server.url + "/health", timeout=30).status_code == 200
+        return False
+
+    def died_on(self, sent: Sent) -> bool:
+        """Whether `sent` took the server down (checked after every request; a 5xx or no answer
+        gets a moment to show it)."""
+        if not self.dead() and (isinstance(sent.status, int) and sent.status < 500):
+            return False
+        deadline = time.monotonic() + (DEATH_WAIT_S if isinstance(sent.status, str) else HANDLED_WAIT_S)
+        while not self.dead() and time.monotonic() < deadline:
+            time.sleep(0.25)
+        if not self.dead():
+            sent.exception = self.exception(f"[{LAUNCHER_ROLE}")
+            return False
+        with contextlib.suppress(Exception):        # let the launcher finish its crash path (logs)
+            self.server.proc.wait(timeout=DEATH_WAIT_S)
+        return True
+
+    def exception(self, first: str = "[sglang::scheduler") -> str:
+        """The server's own exception line: the last traceback's, of the processes whose role
+        starts with `first` if any (the scheduler; the launcher for a 5xx it answered)."""
+        lines = error_lines(self.server.process_logs())
+        chosen = [ln for ln in lines if ln.startswith(first)]
+        return (chosen or lines or ["no exception line in the server's logs"])[0]
+
+    def sched_log(self) -> str:
+        return "\n".join(t for r, t in self.server.process_logs().items()
+                         if r.startswith("sglang::scheduler"))
+
+    def probes(self) -> list:
+        out = []
+        for seed, n in PROBES:
+            ids = traffic.token_ids(seed, n)
+            out.append(traffic._record(f"probe-{n}", ids, self.server.generate(ids, max_new_tokens=16)))
+        return out
+
+
+def fuzz_strategy(openapi: dict):
+    """One strategy per route (each route drawn as often), bodies that fit the route's schema:
+    schemathesis's negative mode spends up to a minute generating one body for these schemas,
+    and what does not fit the schema gets the engine's own 400 before any handler runs."""
+    schema = schemathesis.openapi.from_dict(openapi, config=schemathesis.Config())
+    found = {op.ok().path: op.ok() for op in schema.include(path=list(ROUTES), method="POST")
+             .get_all_operations()}
+    assert sorted(found) == sorted(ROUTES), sorted(found)   # every route is in the server's schema
+    return st.one_of(*[found[r].as_strategy(GenerationMode.POSITIVE) for r in ROUTES])
+
+
+class _Stop(Exception):
+    """Ends the Hypothesis run: the budget is spent or the server died."""
+
+
+def fuzz(boot: Boot, strategy) -> tuple[list[Sent], Death | None]:
+    """Generate and send until FUZZ_S / MAX_REQUESTS are spent or the server dies."""
+    sent: list[Sent] = []
+    state: dict = {"death": None, "end": time.monotonic() + FUZZ_S}
+
+    @hypothesis.seed(SEED)
+    @hypothesis.settings(max_examples=MAX_REQUESTS, deadline=None, database=None,
+                         phases=[Phase.generate], suppress_health_check=list(HealthCheck),
+                         verbosity=Verbosity.quiet, report_multiple_bugs=False)
+    @hypothesis.given(case=strategy)
+    def one(case):
+        if state["death"] or time.monotonic() > state["end"] or len(sent) >= MAX_REQUESTS:
+            raise _Stop
+        s = send(boot.server, case.formatted_path, body_of(case))
+        sent.append(s)
+        if boot.died_on(s):
+            state["death"] = Death(s, boot.exception(), 1)
+            raise _Stop
+
+    with contextlib.suppress(_Stop):
+        one()
+    return sent, state["death"]
+
+
+def replay_on_stock(bodies: list[tuple], tmp: pathlib.Path) -> dict:
+    """The production run's bodies in order on stock, booted again after a death; then the admin
+    request on a live stock boot. Reported only: a stock boot that fails is reported too."""
+    began, deaths, sent, seen = time.monotonic(), [], [], set()
+    out: dict = {"admin": None, "boot_error": None, "boots": 0}
+    boot = None
+
+    def new_boot():
+        out["boots"] += 1
+        try:
+            return Boot(f"fuzz-stock-{out['boots']}", {}, CTRL_ARGS, tmp / f"stock-{out['boots']}").start()
+        except BootError as exc:        # the boot stopped its processes before raising
+            out["boot_error"] = exc.summary()
+            return None
+
+    try:
+        for route, body in bodies:
+            if time.monotonic() - began > STOCK_S or out["boot_error"]:
+                break
+            if (route, body) in seen:
+                continue
+            if boot is None:
+                if out["boots"] >= STOCK_BOOTS:
+                    break
+                boot = new_boot()
+                if boot is None:
+                    break
+            seen.add((route, body))
+            s = send(boot.server, route, body)
+            sent.append(s)
+            if boot.died_on(s):
+                deaths.append(Death(s, boot.exception(), out["boots"]))
+                boot.server.stop()
+                boot = None
+        if boot is None and not out["boot_error"]:
+            boot = new_boot()
+        if boot is not None:
+            s = send(boot.server, ADMIN, None)
+            died = boot.died_on(s)
+            out["admin"] = (s, died, boot.exception() if died else "")
+    finally:
+        if boot is not None:
+            boot.server.stop()
+    out.update(sent=sent, deaths=deaths, seconds=time.monotonic() - began)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fuzz")
+    prod = Boot("fuzz-production", PROD_KEYS, {**PROD_ARGS, "--enable-metrics": ""}, tmp / "production")
+    out: dict = {"tmp": tmp}
+    try:
+        prod.start()
+        openapi = requests.get(prod.server.url + "/openapi.json", timeout=60).json()
+        out["before"] = prod.probes()
+        began = time.monotonic()
+        out["sent"], out["death"] = fuzz(prod, fuzz_strategy(openapi))
+        out["fuzz_s"] = time.monotonic() - began
+        out["dead"] = prod.dead()
+        out["healthy"] = not out["dead"] and prod.healthy()
+        out["after"] = prod.probes() if out["healthy"] else []
+        out["sched_log"] = prod.sched_log()
+        out["prod_exception"] = prod.exception()
+    finally:
+        prod.server.stop()
+    (tmp / "bodies.json").write_text(json.dumps(
+        [{"route": s.route, "body": None if s.body is None else s.body.decode("utf-8", "replace"),
+          "production": s.status, "answer": s.text[:300], "seconds": round(s.seconds, 3)}
+         for s in out["sent"]], indent=1))
+    # stock: the bodies production got, in order (the one that killed production included)
+    out["stock"] = replay_on_stock([s.key for s in out["sent"]], tmp)
+    return out
+
+
+def _report(runs) -> list[str]:
+    sent, stock = runs["sent"], runs["stock"]
+    routes = {s.route for s in sent}
+    deaths = stock["deaths"]
+    lines = [f"fuzz: production {'alive' if runs['healthy'] else 'DEAD'} after {len(sent)} requests "
+             f"over {len(routes)} routes; "
+             + (f"stock died on {len(deaths)} distinct bodies" if deaths else "stock survived")]
+    if stock["admin"] is None:
+        admin = "not sent (no live stock boot)"
+    else:
+        s, died, exc = stock["admin"]
+        admin = f"{s.status}, stock {'died: ' + exc if died else 'alive'}"
+    lines.append(f"fuzz: stock replayed {len(stock['sent'])} distinct bodies of {len({s.key for s in sent})} "
+                 f"on {stock['boots']} boots in {stock['seconds']:.0f} s; then POST {ADMIN} (no body): "
+                 f"{admin}" + (f"; stock boot failed: {stock['boot_error']}" if stock["boot_error"] else ""))
+    statuses = collections.Counter(str(s.status) + (" cut" if s.cut else "") for s in sent)
+    lines.append(f"fuzz: production answers {dict(sorted(statuses.items()))} in {runs['fuzz_s']:.0f} s; "
+                 f"bodies: {runs['tmp'] / 'bodies.json'}")
+    if runs["death"] is not None:
+        d = runs["death"]
+        lines.append(f"  production DIED on {d.sent.show()}\n    {d.exception}")
+    shown = set()
+    for s in sent:
+        if (isinstance(s.status, str) or s.status >= 500) and s.key not in shown:
+            shown.add(s.key)
+            times = sum(1 for o in sent if o.key == s.key)
+            lines.append(f"  production {s.status} on {s.show()}{f' ({times} times)' if times > 1 else ''}"
+                         f"\n    answer: {s.text[:200]}\n    {s.exception}")
+    for d in deaths:
+        lines.append(f"  stock (boot {d.boot}) died on {d.sent.show()}\n    {d.exception}")
+    return lines
+
+
+def test_production_survives_the_fuzz_stock_reported(runs, capsys):
+    with capsys.disabled():
+        print("\n" + "\n".join(_report(runs)))
+    assert runs["death"] is None, (runs["death"].sent.show(), runs["death"].exception)
+    assert not runs["dead"], runs["dead"]
+    assert runs["healthy"]
+    assert {s.route for s in runs["sent"]} == set(ROUTES)
+    cmp = traffic.compare(runs["before"], runs["after"])
+    assert cmp.ok, cmp
+    errors = [ln for ln in runs["sched_log"].splitlines() if any(p in ln for p in SCHED_ERRORS)]
+    assert not errors, (errors, runs["prod_exception"])
