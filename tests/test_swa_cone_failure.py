@@ -27,9 +27,7 @@ import pytest
 import torch
 
 from adapter import receipts
-
-P = 256
-PAGES = 16
+from test_swa_cone_copy import P, PAGES, _batch, _loc, pool  # noqa: F401 - pool: the copy tests' real DSV4 pool
 N = 1024
 COND = {"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_TOKENS": str(N)}
 FAILURES = {
@@ -44,54 +42,12 @@ FAILURES = {
 
 # ---- forward side on a real DSV4 pool and ForwardBatch ----------------------------------------
 
-@pytest.fixture(scope="module")
-def pool():
-    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
-
-    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=P))
-    from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
-
-    return DeepSeekV4TokenToKVPool(
-        max_num_reqs=4, swa_size=PAGES * P, c4_size=PAGES * P // 4, c128_size=PAGES * P // 128,
-        c4_state_pool_size=4, c128_state_pool_size=4, page_size=P, swa_page_size=P,
-        dtype=torch.float8_e4m3fn, c4_state_dtype=torch.float32, c128_state_dtype=torch.float32,
-        qk_nope_head_dim=448, qk_rope_head_dim=64, indexer_head_dim=128, layer_num=4,
-        device="cpu", enable_memory_saver=False, compression_ratios=[0, 4, 128, 4],
-        full_size=PAGES * P)
-
-
-def _loc(pages):
-    return torch.cat([torch.arange(p * P, (p + 1) * P) for p in pages])
-
-
 def _req(rid, n=2000):
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     return Req(rid=rid, origin_input_text="", origin_input_ids=array("q", range(1, n + 1)),
                sampling_params=SamplingParams(temperature=0, max_new_tokens=4))
-
-
-def _batch(r2t, *, s, F, tail, other):
-    """Request A: prefix [0, s) resident, first pass [s, F + tail) on fresh pages 9, 10, 11;
-    request B: a plain 0-prefix extend of `other` tokens."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-
-    a_row = torch.cat([_loc([1, 2]), _loc([9, 10]), _loc([11])[:tail]])
-    b_row = _loc([12, 13])[:other]
-    r2t[0, :a_row.numel()] = a_row.to(r2t.dtype)
-    r2t[1, :b_row.numel()] = b_row.to(r2t.dtype)
-    out = torch.cat([a_row[s:], b_row])
-    fb = ForwardBatch(forward_mode=ForwardMode.EXTEND, batch_size=2,
-                      input_ids=torch.zeros(out.numel(), dtype=torch.int64),
-                      req_pool_indices=torch.tensor([0, 1]),
-                      seq_lens=torch.tensor([F + tail, other]), out_cache_loc=out,
-                      seq_lens_sum=F + tail + other)
-    fb.rids = ["A", "B"]
-    fb.extend_prefix_lens_cpu = [s, 0]
-    fb.extend_seq_lens_cpu = [F + tail - s, other]
-    fb.req_pool_indices_cpu = torch.tensor([0, 1])
-    return fb
 
 
 def _first_pass(cone, fb, *, pool, r2t):

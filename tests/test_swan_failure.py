@@ -14,26 +14,7 @@ import pytest
 import torch
 
 from adapter import receipts, swan
-from swan_module_dir import write_module
-
-
-@pytest.fixture
-def fake_module(tmp_path, monkeypatch):
-    write_module(tmp_path, b"\x7fELF stand-in for tests " * 64)
-    monkeypatch.setenv(swan.MODULE_DIR_ENV, str(tmp_path))
-    return tmp_path
-
-
-def _call(rows=2, heads=16, topk=64):
-    g = torch.Generator().manual_seed(1)
-    raw = torch.randint(0, 120, (3 * swan.PAGE_STRIDE,), dtype=torch.uint8, generator=g)
-    k_cache = raw.as_strided((3, 256, 1, 584), (swan.PAGE_STRIDE, 584, 584, 1)).view(torch.float8_e4m3fn)
-    idx = torch.randint(0, 3 * 256, (rows, 1, topk), dtype=torch.int32, generator=g)
-    return dict(q=torch.randn(rows, 1, heads, 512, generator=g).to(torch.bfloat16), k_cache=k_cache,
-                head_dim_v=512, softmax_scale=512 ** -0.5, indices=idx,
-                topk_length=torch.full((rows,), topk, dtype=torch.int32),
-                attn_sink=torch.zeros(heads), extra_k_cache=None, extra_indices_in_kvcache=None,
-                extra_topk_length=None)
+from test_swan_routing import _real_call as _call, fake_module  # noqa: F401 - a fixture
 
 
 @pytest.mark.parametrize("step", ["route", "plan", "launch"])

@@ -168,8 +168,6 @@ def bad_input_probe(server) -> dict:
     and whether it kept serving."""
     import requests
 
-    from adapter.cpu.server import output_of
-
     out = {"request": f"/generate input_ids {BAD_PROMPT}"}
     try:
         resp = requests.post(server.url + "/generate", timeout=120, json={
@@ -181,6 +179,15 @@ def bad_input_probe(server) -> dict:
             out["message"] = resp.text[:200]
     except requests.RequestException as exc:
         out["status"] = f"no answer ({type(exc).__name__})"
+    return _served_after(server, out)
+
+
+def _served_after(server, out: dict) -> dict:
+    """out + served_after: /health 200 and one greedy request answered in full (after_error: why not)."""
+    import requests
+
+    from adapter.cpu.server import output_of
+
     try:
         healthy = requests.get(server.url + "/health", timeout=30).status_code == 200
         ids, _ = output_of(server.generate([5, 6, 7], max_new_tokens=4, timeout=120))
@@ -196,8 +203,6 @@ def admin_probe(server, requests_=(ADMIN_REQUEST,)) -> dict:
     403: it acted), then /health and one greedy request: what the server answered and whether it
     kept serving."""
     import requests
-
-    from adapter.cpu.server import output_of
 
     out = {"requests": [], "statuses": {}}
     for method, path in requests_:
@@ -215,14 +220,7 @@ def admin_probe(server, requests_=(ADMIN_REQUEST,)) -> dict:
             out["statuses"][name] = f"no answer ({type(exc).__name__})"
         if out["statuses"][name] != 403:
             break
-    try:
-        healthy = requests.get(server.url + "/health", timeout=30).status_code == 200
-        ids, _ = output_of(server.generate([5, 6, 7], max_new_tokens=4, timeout=120))
-        out["served_after"] = healthy and len(ids) == 4
-    except Exception as exc:  # noqa: BLE001 - a dead server is the finding
-        out["served_after"] = False
-        out["after_error"] = f"{type(exc).__name__}: {exc}"[:200]
-    return out
+    return _served_after(server, out)
 
 
 def run_config(model: str, keys: dict, args: dict, *,
