@@ -383,12 +383,18 @@ class CpuServer:
         resp.raise_for_status()
         return resp.json()
 
+    def admin_headers(self) -> dict:
+        """The engine's admin key as a bearer token when the boot has `--admin-api-key` (its admin
+        routes then need it: /flush_cache, /abort_request ...), else no header."""
+        key = self.args.get("--admin-api-key")
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
     def flush_cache(self, wait_s: float = 0.0) -> None:
         """Empty the radix cache (the engine's /flush_cache; it answers 400 while a request is
         running): retry for up to `wait_s` seconds, e.g. while aborted streams drain."""
         deadline = time.monotonic() + wait_s
         while True:
-            resp = requests.post(self.url + "/flush_cache", timeout=60)
+            resp = requests.post(self.url + "/flush_cache", headers=self.admin_headers(), timeout=60)
             if resp.status_code != 400 or time.monotonic() >= deadline:
                 resp.raise_for_status()
                 return

@@ -47,7 +47,12 @@ from e2e.e2e_configs import CTRL_ARGS, PROD_ARGS, PROD_KEYS
 
 FAULT_ARGS = {"--chunked-prefill-size": "512", "--max-total-tokens": "4096",
               "--swa-full-tokens-ratio": "0.25", "--max-running-requests": "4",
-              "--schedule-conservativeness": "0.1", "--enable-metrics": ""}
+              "--schedule-conservativeness": "0.1", "--enable-metrics": "",
+              # /abort_request is an admin route: admin_guard (production line) closes it unless
+              # the engine's admin key is set, as an operator who aborts requests sets it; both
+              # boots get it (the engine then keys its admin routes itself, admin_guard adds
+              # nothing: tests/e2e/test_e2e_admin.py covers the line without it)
+              "--admin-api-key": "dsv41-faults-admin"}
 FAULT_ENV = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
 # Probe logprobs within the same boot move with the path (a prefix hit vs a recompute, another
 # batch); two stock boots agree within ~4e-6 (tests/e2e/test_e2e_server.py). 1e-4 is the suite's
@@ -280,7 +285,8 @@ class Schedule:
                              json={**_gen(ids, 8), "rid": rid}, timeout=600)
         try:
             self.wait_prefills(mark, after_prefills)
-            requests.post(self.url + "/abort_request", json={"rid": rid}, timeout=60).raise_for_status()
+            requests.post(self.url + "/abort_request", json={"rid": rid}, timeout=60,
+                          headers=self.server.admin_headers()).raise_for_status()
             resp = target.result(timeout=600)
             self.passed_before_abort.setdefault(kind, []).append(self.thin_passed() - passed)
             reason = resp.json().get("meta_info", {}).get("finish_reason", {}) if resp.ok else resp.text[:80]

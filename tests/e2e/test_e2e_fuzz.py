@@ -60,8 +60,8 @@ DEATH_WAIT_S = 3.0          # after no answer: how long a dying server gets to s
                             # scheduler's death takes the launcher down: the request gets no
                             # answer); a 5xx answered by the launcher gets HANDLED_WAIT_S
 HANDLED_WAIT_S = 0.5
-STOCK_S = 75.0              # the stock replay, its boots included (no new boot after this)
-STOCK_BOOTS = 3             # boots for the replay; one more for the admin request if stock is dead
+STOCK_S = 40.0              # the stock replay, its boots included (no new boot after this)
+STOCK_BOOTS = 2             # boots for the replay; one more for the admin request if stock is dead
 ADMIN = "/dump_expert_distribution_record"
 SCHED_ERRORS = ("Scheduler hit an exception", "Traceback (most recent call last)")
 PROBES = ((11, 40), (12, 1300))     # (seed, tokens): a short prompt and a chunked one (1024 chunks)
