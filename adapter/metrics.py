@@ -34,7 +34,7 @@ import functools
 import os
 import sys
 
-from adapter import receipts
+from adapter import input_guard, receipts
 
 NAME = "metrics"
 ENGINE_CONTEXT = "sglang.srt.runtime_context"
@@ -136,9 +136,7 @@ ZERO_KEYS = {
     "autotune_keep": ("tune:no-cache", "dropped:peer", "deleted:corrupt", "deleted:no-sidecar",
                       "deleted:sidecar-corrupt", "deleted:launch", "deleted:sealed-mismatch",
                       "deleted:stamp"),
-    "input_guard": ("rejected:input_ids", "rejected:logprob_start_len", "rejected:top_logprobs_num",
-                    "rejected:lora_id", "rejected:positional_embed_overrides",
-                    "rejected:stop_token_ids", "rejected:unchecked"),
+    "input_guard": tuple(f"rejected:{reason}" for reason in input_guard.REASONS),
     "admin_guard": ("refused:/dump_expert_distribution_record",),   # the one that kills stock
 }
 

@@ -24,10 +24,8 @@ io_struct) and each bad value's outcome.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import pathlib
-import subprocess
 import sys
 import time
 import typing
@@ -169,14 +167,7 @@ def measure(line: str, progress=print, save=None, done=None) -> list[dict]:
                 detail = resp.text[:200]
             except requests.RequestException as exc:
                 status, detail = None, f"{type(exc).__name__}"
-            alive = False
-            if status is None or status >= 500:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    server.proc.wait(timeout=20)
-            if server.returncode is None:
-                with contextlib.suppress(requests.RequestException):
-                    alive = requests.get(server.url + "/health", timeout=30).status_code == 200
-            if alive:
+            if server.survived(status, wait_s=20):
                 row["outcome"] = str(status)
                 row["detail"] = detail
             else:

@@ -383,6 +383,22 @@ class CpuServer:
         resp.raise_for_status()
         return resp.json()
 
+    def healthy(self, timeout: float = 30.0) -> bool:
+        """/health answers 200 (False when it answers anything else or nothing)."""
+        try:
+            return requests.get(self.url + "/health", timeout=timeout).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def survived(self, status, wait_s: float) -> bool:
+        """After a request answered `status` (an HTTP status; anything else: no answer): whether
+        the server still runs and is healthy. A 5xx or no answer gives a dying server up to
+        `wait_s` to exit first (a scheduler's death takes the launcher down)."""
+        if not isinstance(status, int) or status >= 500:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=wait_s)
+        return self.returncode is None and self.healthy()
+
     def admin_headers(self) -> dict:
         """The engine's admin key as a bearer token when the boot has `--admin-api-key` (its admin
         routes then need it: /flush_cache, /abort_request ...), else no header."""

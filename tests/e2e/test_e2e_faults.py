@@ -30,10 +30,8 @@ the same ids and logprobs before and after the faults, equal to stock's. A per-k
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
 import dataclasses
 import re
-import subprocess
 import sys
 import time
 
@@ -210,10 +208,7 @@ class Schedule:
         time.sleep(then_s)
 
     def healthy(self) -> bool:
-        try:
-            return requests.get(self.url + "/health", timeout=30).status_code == 200
-        except requests.RequestException:
-            return False
+        return self.server.healthy()
 
     # --- requests ------------------------------------------------------------------------------
     def good(self, kind: str, ids: list, n: int, sampling=None, **extra) -> dict | None:
@@ -353,10 +348,7 @@ class Schedule:
                 self.ops.append(Op(kind, False, f"not sent: died on {self.died_on}"))
                 continue
             status = self.send(kind, path, body)
-            if not isinstance(status, int) or status >= 500:    # dying: wait for the exit
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.server.proc.wait(timeout=60)
-            alive = self.server.returncode is None and self.healthy()
+            alive = self.server.survived(status, wait_s=60)
             if not alive:
                 self.died_on = kind
             self.ops.append(Op(kind, status == 400 and alive,

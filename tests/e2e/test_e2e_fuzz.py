@@ -147,9 +147,7 @@ class Boot:
         return out
 
     def healthy(self) -> bool:
-        with contextlib.suppress(requests.RequestException):
-            return requests.get(self.server.url + "/health", timeout=30).status_code == 200
-        return False
+        return self.server.healthy()
 
     def died_on(self, sent: Sent) -> bool:
         """Whether `sent` took the server down (checked after every request; a 5xx or no answer
