@@ -105,3 +105,18 @@ def test_pins_json_reports_wraps_and_touches_per_adapter():
     by_name = {a["adapter"]: a for a in out["adapters"]}
     assert by_name["swa_thin"]["touches"] and by_name["installer"]["touches"]
     assert all(i["ok"] for a in out["adapters"] for i in a["wraps"] + a["touches"])
+
+
+def test_canary_cpu_model_lists_the_three_and_takes_a_comma_list():
+    from adapter.tools import cli
+
+    parser = cli.build_parser()
+    assert parser.parse_args(["canary", "--profile", "p"]).model == ["dense", "dsv4"]
+    assert parser.parse_args(["canary", "--profile", "p", "--cpu-model", "all"]).model == ["dense", "swa", "dsv4"]
+    assert parser.parse_args(["canary", "--profile", "p", "--cpu-model", "both"]).model == ["dense", "swa"]
+    assert parser.parse_args(["canary", "--profile", "p", "--cpu-model", "dsv4,dense"]).model == ["dsv4", "dense"]
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    helptext = sub.choices["canary"].format_help()
+    assert all(m in helptext for m in ("dense", "swa", "dsv4"))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["canary", "--profile", "p", "--cpu-model", "llama"])

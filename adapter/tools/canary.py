@@ -36,19 +36,25 @@ KEPT_ARGS = {"--prefill-decode-interval", "--swa-prefix-tails", "--radix-evictio
 # Why the others are dropped, by flag (anything not named: "not meaningful on the CPU harness").
 IGNORED_WHY = {
     "--tp-size": "one CPU rank (TP 2 on CPU: tests/e2e)", "--nnodes": "one host",
-    "--page-size": "the CPU harness uses the engine's default page for torch_native",
+    "--page-size": "dense / swa: the engine's default page for torch_native; dsv4: 256 (the same)",
     "--chunked-prefill-size": "set per CPU model (MODEL_ARGS)",
-    "--dsv4-attn-backend": "no DeepSeek-V4 model or kernel on CPU",
-    "--kv-cache-dtype": "float32 on CPU", "--context-length": "the tiny models' 32K",
+    "--dsv4-attn-backend": "dsv4: the engine's SM120 route with CPU stand-ins for its kernels "
+                           "(docs/cpu_server.md)",
+    "--kv-cache-dtype": "dense / swa: float32 on CPU; dsv4: the engine's fp8_e4m3 (the same)",
+    "--context-length": "the tiny models' 32K",
     "--model-path": "the tiny CPU models", "--served-model-name": "not used",
 }
 # Per CPU model: chunk, pool sizes. Dense: 4,096-token chunks, so that the cost model plans more
 # than one decode step per chunk at share 33 / 50 (SPEC: at 256 it plans 1, like stock). SWA: a
 # small SWA pool (15 % of full) so that traffic evicts sliding windows while full KV stays.
+# DeepSeek-V4: the harness's page 256, 512-token chunks, SWA pool 25 % of full
+# (adapter/cpu/server.py MODEL_DEFAULT_ARGS), and --enable-metrics on both boots: swan's served
+# calls are read from the engine's /metrics (dsv41_swan_served_total); it changes no output.
 MODEL_ARGS = {
     "dense": {"--chunked-prefill-size": "4096", "--max-total-tokens": "40960"},
     "swa": {"--chunked-prefill-size": "1024", "--max-total-tokens": "8192",
             "--swa-full-tokens-ratio": "0.15"},
+    "dsv4": {"--chunked-prefill-size": "512", "--enable-metrics": ""},
 }
 CADENCE_PREFILL = {"dense": 24576}
 # input_guard's effect: one /generate whose prompt holds an id outside the vocabulary, sent to the
@@ -121,6 +127,7 @@ class ConfigRun:
     extras: dict = dataclasses.field(default_factory=dict)       # what on_server() returned
     bad_input: Optional[dict] = None                              # bad_input_probe (input_guard)
     admin: Optional[dict] = None                                  # admin_probe (admin_guard)
+    metrics: str = ""        # the engine's /metrics after the traffic (boots with --enable-metrics)
 
     def lines(self, role_prefix: str = "") -> list[str]:
         return [ln for role, text in self.logs.items() if role.startswith(role_prefix)
@@ -129,6 +136,32 @@ class ConfigRun:
     def dsv41_lines(self, adapter: str, role_prefix: str = "") -> list[str]:
         tag = f"[dsv41] {adapter} "
         return [ln[ln.index(tag):] for ln in self.lines(role_prefix) if tag in ln]
+
+    def metric(self, name: str, **labels) -> Optional[float]:
+        """Sum of a series' samples on the scraped /metrics whose labels include `labels`
+        (prometheus_client's own text parser); None when the boot was not scraped or the series
+        is absent."""
+        if not self.metrics:
+            return None
+        from prometheus_client.parser import text_string_to_metric_families
+
+        found = [s.value for family in text_string_to_metric_families(self.metrics)
+                 for s in family.samples
+                 if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+        return sum(found) if found else None
+
+    def metric_labels(self, name: str, label: str, **labels) -> dict:
+        """{value of `label`: summed samples} of a series (e.g. fallbacks by reason)."""
+        if not self.metrics:
+            return {}
+        from prometheus_client.parser import text_string_to_metric_families
+
+        out: dict = {}
+        for family in text_string_to_metric_families(self.metrics):
+            for s in family.samples:
+                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                    out[s.labels.get(label)] = out.get(s.labels.get(label), 0) + s.value
+        return out
 
     def installed_in(self, adapter: str) -> dict[str, bool]:
         out = {}
@@ -279,6 +312,10 @@ def run_config(model: str, keys: dict, args: dict, *,
         if "admin" in scenarios and key_registry.parse_env(keys).enabled("admin_guard"):
             say(f"{name or model}: one admin request with no key")
             run.admin = admin_probe(server)
+        if "--enable-metrics" in merged:
+            import requests
+
+            run.metrics = requests.get(server.url + "/metrics", timeout=30).text
         if on_server is not None:
             run.extras.update(on_server(server) or {})
     except BootError as exc:
@@ -342,6 +379,15 @@ def _effect(adapter: str, line: ConfigRun, control: ConfigRun) -> dict:
         return {"idle_resume_cached_control": control.idle["resume"].cached_tokens,
                 "idle_resume_cached_line": line.idle["resume"].cached_tokens,
                 "idle_session_tokens": line.idle["session_tokens"]}
+    if adapter == "swan" and line.metrics:
+        # The engine's /metrics: calls served in place, and the calls that kept the stock split
+        # (a fallback each, by reason: prefill rows are one of them, by design).
+        return {"served": int(line.metric("dsv41_swan_served_total") or 0),
+                "split": {k: int(v) for k, v in line.metric_labels(
+                    "dsv41_fallbacks_total", "reason", adapter="swan").items()},
+                "kernel": next((ln.split("kernel ", 1)[1].split(";")[0]
+                                for ln in line.dsv41_lines(adapter, "sglang::scheduler")
+                                if " installed:" in ln and "kernel " in ln), None)}
     if adapter == "swa_cone":
         out = {"plans": len([ln for ln in line.dsv41_lines(adapter) if " plan " in ln]),
                "copies": len([ln for ln in line.dsv41_lines(adapter) if " copy " in ln])}
@@ -462,7 +508,9 @@ def main(args, run: Callable = run_config) -> int:
     line_keys, line_args, ignored = split_line(line)
     control_keys, control_args, ignored_control = split_line(control)
     ignored.update({f"{k} (control)": v for k, v in ignored_control.items() if k not in ignored})
-    models = ["dense", "swa"] if args.model == "both" else [args.model]
+    from adapter.tools.cli import cpu_models
+
+    models = list(args.model) if isinstance(args.model, (list, tuple)) else cpu_models(args.model)
     phases = 2 * len(models)
     step = 0
     nodes = int(getattr(args, "nodes", 1) or 1)

@@ -148,10 +148,30 @@ def add_line_args(p: argparse.ArgumentParser, line: str = "production", against:
                        help=f"the line it is compared with (default {against})")
 
 
+CPU_MODELS = {"dense": "Llama", "swa": "hybrid-SWA Mellum", "dsv4": "DeepSeek-V4"}
+
+
 def add_cpu_model_arg(p: argparse.ArgumentParser, choices, default) -> None:
     # --cpu-model: the CPU harness's tiny model kind; gate run's --model is a served model name.
+    kinds = ", ".join(f"{m} ({CPU_MODELS[m]})" for m in choices if m in CPU_MODELS)
     p.add_argument("--cpu-model", dest="model", choices=choices, default=default,
-                   help=f"tiny CPU model: dense (Llama) or swa (hybrid-SWA Mellum) (default {default})")
+                   help=f"tiny CPU model: {kinds} (default {default})")
+
+
+def cpu_models(value: str) -> list[str]:
+    """--cpu-model of `dsv41 canary`: one model, a comma list ("dense,dsv4"), "all" (the three)
+    or "both" (dense,swa: the default before the DeepSeek-V4 model, kept for scripts)."""
+    if value == "all":
+        return list(CPU_MODELS)
+    if value == "both":
+        return ["dense", "swa"]
+    models = [m.strip() for m in value.split(",") if m.strip()]
+    unknown = [m for m in models if m not in CPU_MODELS]
+    if unknown or not models:
+        raise argparse.ArgumentTypeError(
+            f"unknown CPU model {', '.join(unknown) or repr(value)}: choose from "
+            f"{', '.join(CPU_MODELS)} (a comma list), all, or both (dense,swa)")
+    return list(dict.fromkeys(models))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,7 +184,11 @@ def build_parser() -> argparse.ArgumentParser:
     cn = sub.add_parser("canary", help="boot a profile line and its control in a real CPU server; "
                                        "same traffic through both; per-adapter report")
     add_line_args(cn, against="control", what="the line under test")
-    add_cpu_model_arg(cn, ["dense", "swa", "both"], "both")
+    cn.add_argument("--cpu-model", dest="model", type=cpu_models, default="dense,dsv4",
+                    metavar="MODELS",
+                    help="tiny CPU models, a comma list of " + ", ".join(
+                        f"{m} ({kind})" for m, kind in CPU_MODELS.items())
+                    + "; all = the three; both = dense,swa (default dense,dsv4)")
     cn.add_argument("--nodes", type=int, default=1, metavar="N",
                     help="boot both lines as the cluster's topology on this machine: --tp-size N "
                          "over N launch processes (--nnodes N on 127.0.0.1) (default 1)")
