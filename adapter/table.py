@@ -62,7 +62,10 @@ HOOKS: tuple[Hook, ...] = (
     Hook("swan", _SM120, "flash_mla_with_kvcache_sm120", touches=(
         f"{_FI_SM120}._prepared:resolve_execution", f"{_FI_SM120}._prepared:device_caps",
         f"{_FI_SM120}._calibration:refresh_store", f"{_FI_SM120}._execution:AttentionMetadata",
-        f"{_SM120}:_split_kv_pages_to_64")),
+        f"{_SM120}:_split_kv_pages_to_64",
+        # the router reads the engine's backend; the CPU twin (adapter/swan/twin.py) calls its
+        # torch sparse decode
+        f"{_SM120}:_sm120_default_backend", f"{_SM120}:_sm120_sparse_decode_fwd")),
     # decode yield: defer the next chunk of a chunked prefill through the engine's own path.
     Hook("decode_yield", _SCHED, "Scheduler.get_next_batch_to_run", touches=(
         f"{_SB}:NextBatchPlan.batch_to_run", f"{_SB}:NextBatchPlan.running_batch",

@@ -22,6 +22,10 @@ def test_production_line_installs_every_enabled_adapter_once():
     assert rows["swa_cone"]["keys"] == {"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_TOKENS": "8192"}
     admin = rows["admin_guard"]["admin_exposure"]          # no key on the line: all closed by us
     assert admin["open"] == admin["keyed"] == 0 and admin["closed"] == len(admin["routes"]) >= 40
+    # which kernel swan serves with: no CUDA in the child here, so the CPU twin, named in the
+    # install receipt too (the module where CUDA is: tests/test_swan_twin.py)
+    assert rows["swan"]["kernel"] == "CPU twin"
+    assert "; kernel CPU twin (no CUDA in this process" in rows["swan"]["reason"]
 
 
 def test_control_line_installs_only_autotune_keep(tmp_path):
@@ -30,6 +34,7 @@ def test_control_line_installs_only_autotune_keep(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["adapter"]: r for r in json.loads(proc.stdout)}
     assert [n for n, r in rows.items() if r["installed"]] == ["autotune_keep"]
+    assert rows["swan"]["kernel"] is None
     assert all(not r["enabled"] for n, r in rows.items() if n != "autotune_keep")
     admin = rows["admin_guard"]["admin_exposure"]          # stock: every admin route open
     assert admin["open"] == len(admin["routes"]) >= 40 and admin["closed"] == admin["keyed"] == 0

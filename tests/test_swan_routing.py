@@ -169,7 +169,7 @@ def test_unserved_calls_reach_the_stock_entry_and_log_once(install_adapters, fak
     expected = m.flash_mla_with_kvcache_sm120(**kw)[0]
     state = install_adapters({"DSV41_SWA_NATIVE_DECODE": "1"})["swan"]
     assert state.status == "installed", state.detail
-    assert "kernel deferred" in state.detail and "sha256" in state.detail
+    assert "kernel CPU twin" in state.detail and "sha256" in state.detail    # no CUDA here
     receipts.forget("swan")
     with caplog.at_level(logging.INFO, logger="sglang.dsv41"):
         outs = [m.flash_mla_with_kvcache_sm120(**kw)[0] for _ in range(3)]
@@ -241,9 +241,13 @@ def _variants():
     return out
 
 
+CPU_TWIN_CAPS = swan.ModuleCaps(device="cpu")
+
+
 def test_equal_decode_keys_mean_equal_verdicts():
     """decode_key holds everything route() reads: calls with one key get one verdict (so the
-    router may decide once per key), and a layout-only twin shares the key (so it does)."""
+    router may decide once per key), and a layout-only twin shares the key (so it does). The
+    same holds for the CPU twin's caps (the CPU tensors themselves)."""
     by_key = {}
     for name, kw in _variants():
         shape = kw["q"].shape
@@ -251,7 +255,8 @@ def test_equal_decode_keys_mean_equal_verdicts():
             continue                                  # never keyed (rows > 64)
         key = swan.decode_key(shape, kw)
         hash(key)
-        by_key.setdefault(key, []).append((name, decide(kw)))
+        on_cpu = swan.route(swan.describe_call((), kw, "flashinfer"), CPU_TWIN_CAPS)
+        by_key.setdefault(key, []).append((name, (decide(kw), on_cpu)))
     for group in by_key.values():
         assert len({verdict for _, verdict in group}) == 1, group
     twins = [k for k, group in by_key.items() if any(n.startswith("twin") for n, _ in group)]
@@ -271,7 +276,8 @@ def test_entry_reason_is_route_first_checks():
 
 def test_router_describes_a_decode_shape_once(install_adapters, fake_module, monkeypatch):
     """Through the installed router: the first call of a decode key is described and routed,
-    later calls of that key are not; prefill calls are never keyed; the verdict is the same."""
+    later calls of that key are not; prefill calls are never keyed; the verdict is the same
+    (here: served by the CPU twin, the router's kernel in a process without CUDA)."""
     from adapter import receipts
     from sglang.kernels.ops.attention import flash_mla_sm120 as m
 
@@ -296,8 +302,8 @@ def test_router_describes_a_decode_shape_once(install_adapters, fake_module, mon
     for rows in (65, 66, 67):
         m.flash_mla_with_kvcache_sm120(**_real_call(rows=rows))
     assert len(described) == 2 and router.decisions() == 2
-    assert len(stock) == 9                                     # CPU tensors: all stock
-    assert receipts.counters["swan"]["fallback:tensors on cpu, not CUDA"] == 6
+    assert isinstance(router.kernel, swan.Twin) and len(stock) == 3      # prefill rows: stock
+    assert receipts.counters["swan"]["served"] == 6
     assert receipts.counters["swan"]["fallback:more than 64 query rows (engine prefill path)"] == 3
 
 

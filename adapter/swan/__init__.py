@@ -19,6 +19,10 @@ The package, by layer:
   * kernel: the thin layer that loads the .so (tvm-ffi), asks FlashInfer's own planner for the
     tactic the stock call would get at 64-token pages, checks that the module resolves the same
     plan at 256-token pages, and launches;
+  * twin: the router's kernel in a process without CUDA (the CPU twin: the engine's torch sparse
+    decode on the 256-token pages in place, through the same page view; routing takes its caps,
+    so it serves CPU tensors and only those). It runs the router in a real server on CPU; it is
+    not the module's kernel;
   * here: the router (the hook on the engine entry) and install().
 Only the Kernel touches a GPU; everything above it is tested on CPU.
 
@@ -33,6 +37,7 @@ import sys
 from typing import Optional
 
 from adapter.swan.kernel import Kernel, Plan
+from adapter.swan.twin import Twin
 from adapter.swan.layout import (D_QK, D_V, DATA_BYTES, DECODE_MAX_TOKENS,
                                  FLASHINFER_HEAD_SPECIALISATIONS, HEAD_KERNELS, MANIFEST_SCHEMA,
                                  MAX_HEADS, MODULE_TAG, PAGE_STRIDE, PAGE_TOKENS, ROUTER_KEY_MODULE,
@@ -65,7 +70,7 @@ __all__ = [
     "COMPARED_FIELDS", "PLAN_FIELDS", "CallFacts", "ModuleCaps", "TensorFacts", "decode_key",
     "describe_call", "entry_reason", "kernel_heads", "route", "tactic_reason",
     # kernel
-    "Kernel", "Plan",
+    "Kernel", "Plan", "Twin",
 ]
 
 
@@ -100,11 +105,19 @@ class _Router:
         self.info = info
         self.kernel = kernel
         self.load_error: Optional[str] = None
-        self.caps = ModuleCaps(heads=info.heads, archs=info.archs)
+        # what routing accepts is the kernel's: the CPU twin brings its own caps (CPU tensors)
+        self.caps = getattr(kernel, "caps", None) or ModuleCaps(heads=info.heads, archs=info.archs)
         self.first_served = False
         self._decisions: dict[tuple, _Decision] = {}     # Python-keyed calls (decode_key)
         self._engine_vars: Optional[dict] = None     # the engine module's namespace (its backend)
         self.hook = self._make_hook()
+
+    def kernel_name(self) -> str:
+        """Which kernel serves: the module ("swan256.so") or the "CPU twin"."""
+        kernel = self.kernel
+        if kernel is None:
+            return f"{Kernel.NAME} (not loaded)"
+        return getattr(kernel, "NAME", type(kernel).__name__)
 
     def backend(self) -> str:
         engine = self._engine_vars or self._bind_engine()
@@ -160,12 +173,23 @@ class _Router:
         return decision.reason, decision
 
     def _first_served(self, decision: _Decision) -> None:
+        """The first served call's receipt line, naming the kernel that served it (never raises:
+        the call it describes has been served)."""
         from adapter import receipts
 
         self.first_served = True
-        facts, plan = decision.facts, decision.plan
-        receipts.line(NAME, "first in-place decode: %d rows, %d heads, topk %d, cpb %d",
-                      facts.q.shape[0], facts.q.shape[-2], facts.indices.shape[-1], plan.facts["cpb"])
+        try:
+            facts, plan = decision.facts, decision.plan
+            shape = (facts.q.shape[0], facts.q.shape[-2], facts.indices.shape[-1])
+            if isinstance(self.kernel, Twin):
+                receipts.line(NAME, "first in-place decode: %d rows, %d heads, topk %d; kernel CPU "
+                              "twin (the engine's torch sparse decode, no split-K chunking)", *shape)
+            else:
+                receipts.line(NAME, "first in-place decode: %d rows, %d heads, topk %d, cpb %d; "
+                              "kernel swan256.so", *shape, plan.facts["cpb"])
+        except Exception as exc:  # noqa: BLE001 - a receipt line, not the call
+            receipts.line(NAME, "first in-place decode (not described: %s); kernel %s",
+                          type(exc).__name__, self.kernel_name())
 
     def _make_hook(self):
         """The hook installed on the engine entry: a closure over what every call reads (a plain
@@ -253,8 +277,6 @@ def install(ctx) -> str:
         raise Refusal(str(exc)) from None
     except Exception as exc:
         raise Refusal(f"{info.router_key_path} failed to load: {type(exc).__name__}: {exc}") from None
-    kernel = None
-    load = "deferred to the first CUDA call"
     try:
         import torch
 
@@ -266,7 +288,12 @@ def install(ctx) -> str:
             kernel = Kernel(info)
         except Exception as exc:
             raise Refusal(f"{info.so_path} failed to load: {type(exc).__name__}: {exc}") from None
-        load = "loaded"
+        load = f"{Kernel.NAME} (loaded)"
+    else:
+        # No CUDA in this process (dsv41 check, tests, the CPU test server): the CPU twin serves
+        # the calls routing accepts, which are then CPU tensors only (its caps).
+        kernel = Twin(info)
+        load = Twin.DETAIL
     global ROUTER
     router = ROUTER = _Router(ctx, info, kernel, native)
     ctx.around(ENTRY, router.hook)

@@ -1,7 +1,7 @@
 """The thin kernel layer (GPU only): loads the verified .so (tvm-ffi), asks FlashInfer's own
 planner for the tactic the stock call would get at 64-token pages, checks that the module resolves
-the same plan at 256-token pages (routing.tactic_reason), and launches. Created on the first call
-that routing serves (or at install where CUDA is present)."""
+the same plan at 256-token pages (routing.tactic_reason), and launches. Created at install where
+CUDA is present (without CUDA the router's kernel is the CPU twin, twin.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -20,7 +20,10 @@ class Plan:
 
 
 class Kernel:
-    """Loads the verified .so and runs it. Created on the first call that routing serves."""
+    """Loads the verified .so and runs it. Created at install in a process with CUDA (without
+    CUDA the router's kernel is the CPU twin, twin.Twin)."""
+
+    NAME = MODULE_TAG + ".so"
 
     def __init__(self, info: ModuleInfo):
         import tvm_ffi

@@ -58,8 +58,12 @@ TENSOR_FIELDS = ("q", "k_cache", "indices", "topk_length", "attn_sink", "extra_k
 
 @dataclasses.dataclass(frozen=True)
 class ModuleCaps:
+    """What the router's kernel serves: head kernels, arches, and the device its tensors are on
+    ("cuda": the swan256 module; "cpu": the CPU twin, adapter/swan/twin.py, whose device has no
+    compute capability to check)."""
     heads: tuple[int, ...] = HEAD_KERNELS
     archs: tuple[str, ...] = ("sm_120a", "sm_121a")
+    device: str = "cuda"
 
 
 _capabilities: dict[int, tuple[int, int]] = {}
@@ -131,9 +135,10 @@ def decode_key(q_shape, kwargs: Mapping[str, Any]) -> tuple:
     keys get the same route() verdict and the same plan.
 
     Per tensor exactly what is read: q: shape, dtype, device (its index gives the capability),
-    contiguity, 16-byte alignment; k_cache and extra_k_cache: shape, stride, dtype, CUDA or not,
-    alignment; indices: shape, stride, dtype, CUDA or not; the [T]/[H] vectors: shape, dtype,
-    contiguity, CUDA or not. Contiguity and alignment are what TensorFacts holds; a tensor's
+    contiguity, 16-byte alignment; k_cache and extra_k_cache: shape, stride, dtype, device type,
+    alignment; indices: shape, stride, dtype, device type; the [T]/[H] vectors: shape, dtype,
+    contiguity, device type (route compares it with the kernel's device: CUDA for the module,
+    CPU for the twin). Contiguity and alignment are what TensorFacts holds; a tensor's
     other bits (values, data pointer) never change a verdict. tests/test_swan_routing.py checks
     the key against route(describe_call(...)) over every served shape and fallback case."""
     q = kwargs["q"]
@@ -147,17 +152,17 @@ def decode_key(q_shape, kwargs: Mapping[str, Any]) -> tuple:
     return (
         kwargs.get("head_dim_v"),
         q_shape, q.dtype, q.device, q.is_contiguous(), q.data_ptr() & 15,
-        k.shape, k.stride(), k.dtype, k.is_cuda, k.data_ptr() & 15,
-        None if idx is None else (idx.shape, idx.stride(), idx.dtype, idx.is_cuda),
+        k.shape, k.stride(), k.dtype, k.device.type, k.data_ptr() & 15,
+        None if idx is None else (idx.shape, idx.stride(), idx.dtype, idx.device.type),
         None if topk_length is None else (topk_length.shape, topk_length.dtype,
-                                          topk_length.is_contiguous(), topk_length.is_cuda),
-        None if sink is None else (sink.shape, sink.dtype, sink.is_contiguous(), sink.is_cuda),
-        None if extra is None else (extra.shape, extra.stride(), extra.dtype, extra.is_cuda,
+                                          topk_length.is_contiguous(), topk_length.device.type),
+        None if sink is None else (sink.shape, sink.dtype, sink.is_contiguous(), sink.device.type),
+        None if extra is None else (extra.shape, extra.stride(), extra.dtype, extra.device.type,
                                     extra.data_ptr() & 15),
         None if extra_idx is None else (extra_idx.shape, extra_idx.stride(), extra_idx.dtype,
-                                        extra_idx.is_cuda),
+                                        extra_idx.device.type),
         None if extra_len is None else (extra_len.shape, extra_len.dtype,
-                                        extra_len.is_contiguous(), extra_len.is_cuda),
+                                        extra_len.is_contiguous(), extra_len.device.type),
     )
 
 
@@ -211,9 +216,11 @@ def route(f: CallFacts, caps: ModuleCaps) -> Optional[str]:
     reason = entry_reason(f.positional, f.backend, q is not None and f.k_cache is not None, rows)
     if reason:
         return reason
-    if q.device != "cuda":
-        return f"tensors on {q.device}, not CUDA"
-    if f.capability not in SUPPORTED_ARCHS or SUPPORTED_ARCHS[f.capability] not in caps.archs:
+    device = caps.device.upper()
+    if q.device != caps.device:
+        return f"tensors on {q.device}, not {device}"
+    if caps.device == "cuda" and (f.capability not in SUPPORTED_ARCHS
+                                  or SUPPORTED_ARCHS[f.capability] not in caps.archs):
         cap = f.capability or (0, 0)
         return f"device sm_{cap[0]}{cap[1]}: module built for {', '.join(caps.archs)}"
     if f.head_dim_v != D_V:
@@ -229,8 +236,8 @@ def route(f: CallFacts, caps: ModuleCaps) -> Optional[str]:
         return f"{heads} heads (decode serves 1..{MAX_HEADS})"
     if kernel_heads(heads) not in caps.heads:
         return f"{heads} heads: module built without the {kernel_heads(heads)}-head kernel"
-    if any(t is not None and t.device != "cuda" for t in (getattr(f, n) for n in TENSOR_FIELDS)):
-        return "call mixes CUDA and non-CUDA tensors"
+    if any(t is not None and t.device != caps.device for t in (getattr(f, n) for n in TENSOR_FIELDS)):
+        return f"call mixes {device} and non-{device} tensors"
     k = f.k_cache
     if k.dtype not in ("uint8", "float8_e4m3fn"):
         return f"k_cache dtype {k.dtype} (fp8/uint8 pages only)"

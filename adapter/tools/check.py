@@ -8,7 +8,9 @@ entry that armed the installer (`sitecustomize` with the module's path relative 
 `plugin`), and the line's admin-route exposure: each route the engine marks ADMIN_OPTIONAL or
 ADMIN_FORCE, open / closed (by admin_guard or the engine) / keyed for a client without a key, from
 the engine's app, the line's keys (read by the engine's parser) and admin_guard's state (the
-admin_guard row's `admin_exposure`). Exit 0 only when every enabled adapter installed.
+admin_guard row's `admin_exposure`); and which kernel swan's router serves with (the swan row's
+`kernel`: "swan256.so" in a process with CUDA, "CPU twin" without, as in this check's child
+unless it runs beside a GPU). Exit 0 only when every enabled adapter installed.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ def run(line: Line) -> tuple[int, list[dict], str]:
                               env=child_env(line), cwd=REPO_ROOT, capture_output=True, text=True)
         report = json.loads(out.read_text()) if out.exists() else {}
     states, entry, entry_path = report.get("adapters", {}), report.get("entry"), report.get("entry_path")
+    swan_kernel = report.get("swan_kernel")
     admin = report.get("admin_exposure")
     rows = []
     for name in ADAPTERS:
@@ -60,6 +63,9 @@ def run(line: Line) -> tuple[int, list[dict], str]:
                      "pin_ok": state["pin_ok"], "installed": state["status"] == "installed",
                      "status": state["status"], "reason": state["detail"],
                      "entry": entry, "entry_path": entry_path})
+        if name == "swan":
+            # which kernel the router serves with in the child (None: swan not installed)
+            rows[-1]["kernel"] = swan_kernel if state["status"] == "installed" else None
         if name == "admin_guard":
             # the line's admin routes, as a client without a key finds them (open, closed by
             # admin_guard or the engine, keyed): adapter/admin_guard.py exposure()
@@ -121,6 +127,9 @@ def format_table(rows: list[dict]) -> str:
     lines = []
     for cells in [head, *body]:
         lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths)) + "  " + cells[-1])
+    kernel = next((r.get("kernel") for r in rows if r["adapter"] == "swan"), None)
+    if kernel:
+        lines.append(f"swan kernel: {kernel}")
     admin = next((r.get("admin_exposure") for r in rows if r["adapter"] == "admin_guard"), None)
     if admin:
         lines.append(format_exposure(admin))
@@ -180,9 +189,11 @@ def _child(out_path: str) -> int:
         site = pathlib.Path(getattr(sys.modules.get("sitecustomize"), "__file__", "") or "").resolve()
         entry_path = str(site.relative_to(REPO_ROOT)) if site.is_relative_to(REPO_ROOT) else str(site)
     admin = _admin_exposure(sys.argv[3:], states.get("admin_guard", {}).get("status") == "installed")
+    router = getattr(sys.modules.get("adapter.swan"), "ROUTER", None)
     pathlib.Path(out_path).write_text(json.dumps({"adapters": states, "entry": entry,
                                                   "entry_path": entry_path,
-                                                  "admin_exposure": admin}))
+                                                  "admin_exposure": admin,
+                                                  "swan_kernel": router.kernel_name() if router else None}))
     return 0
 
 

@@ -24,7 +24,10 @@ LOG_LINES = ("Initialize DeepSeekV4TokenToKVPool", "Using DeepseekV4AttnBackend"
              "impl=UnifiedRadixCache",
              "KVCacheConfigurator.configure (CPU fp8 KV refusal, V4 pool only)",
              "stand-ins in sglang.srt.layers.attention.dsv4.compressor_v2: create_paged_compressor_data",
-             "stand-ins in sglang.kernels.ops.layernorm.mhc_head: fused_hc_head")
+             "stand-ins in sglang.kernels.ops.layernorm.mhc_head: fused_hc_head",
+             # the engine's production SM12x backend (flashinfer): its page split ran in decode
+             "stand-ins in sglang.kernels.ops.attention.flash_mla_sm120: _page_mark_kernel, _page_split_kernel",
+             "[dsv41-cpu] dsv4 page split: decode, 1 rows: ")
 
 
 def _peak_rss_mb(pid: int) -> float:

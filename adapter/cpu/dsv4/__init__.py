@@ -2,6 +2,9 @@
 TileLang), one function each, grouped by the engine module they stand in for:
 
     attention.py   the attention backend's metadata pieces and the V4 KV stores (cone's harness)
+    flash_mla.py   flash_mla_sm120's Triton page split kernels (`_page_mark_kernel`,
+                   `_page_split_kernel`) and FlashInfer's `_sparse_mla_sm120_paged_attention`
+                   (the stock SM12x decode route, SGLANG_SM120_FLASHMLA_BACKEND=flashinfer)
     metadata.py    deepseek_v4_backend._init_compression_metadata_triton
     compressor.py  compressor_v2.create_paged_compressor_data, compress.compress_forward,
                    compress.compress_norm_rope_store
@@ -18,8 +21,12 @@ from __future__ import annotations
 import sys
 
 # The engine's GB10 route and torch paths (SPEC "A whole DeepSeek-V4 in the real server on CPU").
+# The SM120 sparse attention takes production's backend, flashinfer: the engine's own entry, its
+# 256 -> 4 x 64-token page split and its FlashInfer call, with the Triton split kernels and
+# FlashInfer's entry stood in (flash_mla.py; the decode itself is the engine's torch
+# `_sm120_sparse_decode_fwd`, what the `torch` backend would run on the unsplit pages).
 ENGINE_ENV = {
-    "SGLANG_SM120_FLASHMLA_BACKEND": "torch",
+    "SGLANG_SM120_FLASHMLA_BACKEND": "flashinfer",
     "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH": "1",
     # On SM120 the engine turns the TileLang indexer logits on unless this is set (model_hook.py);
     # off, the indexer takes the torch fp8_paged_mqa_logits_torch_sm120.
@@ -35,7 +42,7 @@ ENGINE_ENV = {
 def _stand_ins() -> dict:
     """{engine module: {name: stand-in}}: the defining modules and every module that binds the
     name with `from ... import` (rebinding only where the engine's original is bound)."""
-    from adapter.cpu.dsv4 import compressor, metadata, mhc, norm_rope
+    from adapter.cpu.dsv4 import compressor, flash_mla, metadata, mhc, norm_rope
 
     rope = {"fused_rope_inplace": norm_rope.fused_rope_inplace,
             "fused_norm_rope_inplace": norm_rope.fused_norm_rope_inplace,
@@ -61,6 +68,8 @@ def _stand_ins() -> dict:
         "sglang.srt.models.deepseek_v4_mhc": mhc_ops,
         "sglang.srt.layers.attention.deepseek_v4_backend": {
             **plan, "_init_compression_metadata_triton": metadata.init_compression_metadata_torch},
+        flash_mla.ENGINE_MODULE: {"_page_mark_kernel": flash_mla.page_mark_kernel,
+                                  "_page_split_kernel": flash_mla.page_split_kernel},
     }
 
 
@@ -93,6 +102,7 @@ def install() -> None:
                                  f"{', '.join(sorted(done))}\n")
         wrapt.register_post_import_hook(hook, target)
     wrapt.register_post_import_hook(_sm120, "sglang.srt.runtime_context")
+    wrapt.register_post_import_hook(_flashinfer, "sglang.kernels.ops.attention.flash_mla_sm120")
     wrapt.register_post_import_hook(_kv_pool, "sglang.srt.mem_cache.kv_cache_configurator")
 
 
@@ -103,6 +113,17 @@ def _kv_pool(module) -> None:
     if kv_pool.install(module):
         sys.stderr.write(f"[dsv41-cpu] dsv4 stand-in in {module.__name__}: "
                          "KVCacheConfigurator.configure (CPU fp8 KV refusal, V4 pool only)\n")
+
+
+def _flashinfer(module) -> None:
+    """FlashInfer's SM120 sparse MLA entry, which the engine imports at call time and which
+    cannot import on CPU: answered by the stand-in module (adapter.cpu.dsv4.flash_mla)."""
+    from adapter.cpu.dsv4 import flash_mla
+
+    if flash_mla.install_flashinfer():
+        sys.stderr.write(f"[dsv41-cpu] dsv4 stand-in for {module.__name__}: "
+                         f"{flash_mla.FLASHINFER_MODULE}._sparse_mla_sm120_paged_attention "
+                         "(the engine's torch sparse decode on the pages it is given)\n")
 
 
 def _sm120(module) -> None:

@@ -6,6 +6,8 @@ and the sparse attention are the engine's own: `SGLANG_SM120_FLASHMLA_BACKEND=to
 pure-torch `_sm120_sparse_decode_fwd`, `SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1` the torch indexer
 logits, `dsa_topk_backend=torch` the torch top-k. What cannot run here (Triton / CUDA-JIT) is
 replaced below, one function each, with what production runs instead named in its docstring.
+(`cpu_route()` is the in-process route of cone's harness; the CPU test server runs the engine's
+production backend, flashinfer, with the stand-ins of flash_mla.py.)
 """
 from __future__ import annotations
 
