@@ -115,3 +115,71 @@ def test_two_requests_in_one_batch_keep_their_own_rings():
         ref = C.reference_groups(src, ape, ratio, HD)
         torch.testing.assert_close(torch.stack([got[req][g] for g in sorted(got[req])]), ref,
                                    rtol=1e-5, atol=1e-5)
+
+
+def _plan_per_token(ratio, rids, seqs, exts, slots):
+    """The planner's rule token by token (c_plan.cuh, one thread per token): the oracle for the
+    vectorised make_plan. Returns (outputs, writes): outputs as (seq_len, ragged row, [(from
+    input, input row or ring slot, present)] * W), writes as (ragged row, ring slot)."""
+    w = C.window(ratio)
+    mtp_pad = slots["ring_size"] - w + 2 if slots["ring_size"] > w else 0
+    slots = dict(slots, use_req_ring=False)
+    outs, writes, base = [], [], 0
+    for rid, seq, ext in zip(rids, seqs, exts):
+        prefix = seq - ext
+        first_w = min(seq // ratio * ratio - (ratio if ratio == 4 else 0), seq - mtp_pad)
+        for j in range(ext):
+            pos = prefix + j
+            if (pos + 1) % ratio == 0:
+                entries = []
+                for q in range(pos + 1 - w, pos + 1):
+                    if q >= prefix:
+                        entries.append((True, base + q - prefix, True))
+                    elif q >= 0:
+                        slot = C.ring_slots(ratio, torch.tensor([rid]), torch.tensor([q]), **slots)
+                        entries.append((False, int(slot), True))
+                    else:
+                        entries.append((False, 0, False))
+                outs.append((pos + 1, base + j, entries))
+            if pos >= first_w or (ratio == 4 and pos % SWA_PAGE >= SWA_PAGE - ratio):
+                slot = C.ring_slots(ratio, torch.tensor([rid]), torch.tensor([pos]), **slots)
+                writes.append((base + j, int(slot)))
+        base += ext
+    return outs, writes
+
+
+@pytest.mark.parametrize("ratio", [4, 128])
+def test_vectorised_plan_matches_the_per_token_rule(ratio):
+    """A batch of three requests at different points of their prompts (first chunk, a middle
+    chunk straddling SWA pages, a short tail), on a shuffled req_to_token / full_to_swa."""
+    slots, _ = _world(ratio, n_reqs=3)
+    g = torch.Generator().manual_seed(4)
+    slots["req_to_token"] = torch.randperm(slots["req_to_token"].numel(), generator=g).to(
+        torch.int32).view_as(slots["req_to_token"])
+    slots["full_to_swa"] = torch.randperm(slots["full_to_swa"].numel(), generator=g)
+    rids, seqs, exts = [2, 0, 1], [300, 1100, 520], [300, 600, 9]
+    plan = C.make_plan(ratio, is_prefill=True, req_pool_indices=torch.tensor(rids),
+                       seq_lens=torch.tensor(seqs, dtype=torch.int32),
+                       extend_lens=torch.tensor(exts, dtype=torch.int32), **slots)
+    outs, writes = _plan_per_token(ratio, rids, seqs, exts, slots)
+    assert plan.seq_len.tolist() == [o[0] for o in outs]
+    assert plan.out_row.tolist() == [o[1] for o in outs]
+    for i, (_, _, entries) in enumerate(outs):
+        got = [(bool(f), int(r if f else s), bool(p)) for f, r, s, p in zip(
+            plan.from_input[i], plan.input_row[i], plan.state_slot[i], plan.present[i])]
+        assert got == entries, i
+    assert list(zip(plan.write_row.tolist(), plan.write_slot.tolist())) == writes
+    assert all(t.dtype == torch.int64 for t in (plan.seq_len, plan.out_row, plan.input_row,
+                                                plan.state_slot, plan.write_row, plan.write_slot))
+
+
+def test_decode_plan_keeps_no_reference_to_the_callers_seq_lens():
+    slots, _ = _world(4)
+    seq_lens = torch.tensor([9], dtype=torch.int64)
+    plan = C.make_plan(4, is_prefill=False, req_pool_indices=torch.tensor([1]), seq_lens=seq_lens,
+                       extend_lens=None, **slots)
+    seq_lens += 1                          # the scheduler advances its own tensor in place
+    assert plan.seq_len.tolist() == [9]
+    assert plan.write_row.tolist() == [0]
+    assert plan.write_slot.tolist() == C.ring_slots(4, torch.tensor([1]), torch.tensor([8]),
+                                                    use_req_ring=False, **slots).tolist()

@@ -79,6 +79,17 @@ def test_compress_store_latent_at_boundaries_only():
     assert not bool(_read_latent(buf, [2]).any()), "seq_len 9 is no group boundary"
 
 
+def test_compress_store_writes_nothing_between_boundaries():
+    """Decode steps with no group boundary (most of them) store nothing, latent or index key."""
+    for dim, row in ((512, 584), (128, 132)):
+        buf = torch.zeros(2, PAGE * row, dtype=torch.uint8)
+        compressor.compress_norm_rope_store(torch.randn(2, dim), _decode_plan(4, [9, 14]),
+                                            norm_weight=torch.ones(dim), norm_eps=1e-6,
+                                            freq_cis=_freqs(), out_loc=torch.tensor([1, 2]),
+                                            kvcache=buf, page_size=PAGE)
+        assert not bool(buf.any())
+
+
 def _sylvester(n):
     h = torch.ones(1, 1)
     while h.shape[0] < n:

@@ -8,7 +8,7 @@ so attention and outputs depend on the context and greedy choices have clear mar
 
     dense  LlamaForCausalLM, 2 layers, hidden 64, 4 heads / 2 KV heads, vocab 1024
     swa    MellumForCausalLM, layers sliding/full/sliding/full, sliding_window 32 (hybrid SWA)
-    dsv4   DeepseekV4ForCausalLM, 4 layers with compress ratios 0/4/128/4 (window 128, page 256),
+    dsv4   DeepseekV4ForCausalLM, 3 layers with compress ratios 0/4/128 (window 128, page 256),
            hidden 256, 8 heads x 512 (448 nope + 64 rope), indexer 4 x 128, MoE 8 routed + 1 shared
            top-2 (layer 0 hash-routed), mHC x4; written under the checkpoint names the engine's
            `load_weights` reads, with DeepSeek's special tokens in the tokenizer
@@ -54,9 +54,17 @@ _COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_atte
 # The tiny DeepSeek-V4 (SPEC "A whole DeepSeek-V4 in the real server on CPU"). head_dim 512 = 448 +
 # 64 is fixed by the V4 pool row; window 128 and the engine's page 256 are the cluster's. A prompt
 # past 128 tokens already leaves the SWA window, so cone's lost-window resume needs only small pools.
+# Cost on CPU (bench/dsv4_cpu.py; the engine's torch sparse attention gathers and dequantises every
+# index row per query token): a c4 layer reads 128 SWA + 512 (index_topk, which the backend pins to
+# 512 or 1024) rows per token, a c128 layer 128 + 64, a ratio-0 layer 128; a c4 layer's prefill
+# chunk took 4-6x a ratio-0 layer's. So one layer of each ratio (was 0/4/128/4). The context length
+# (max_position_embeddings) sizes req_to_token, whose width the decode metadata uses for the
+# indexer logits (width/4 columns per c4 layer) and the c128 page table: 8192 = the default
+# --max-total-tokens (was 32768). YaRN keeps its original 8192 x factor 4: the compressed layers'
+# rope (precompute_freqs_cis) is the same for every position below 8192.
 DSV4_CONFIG = dict(
-    model_type="deepseek_v4", vocab_size=VOCAB, hidden_size=256, num_hidden_layers=4,
-    compress_ratios=[0, 4, 128, 4], num_attention_heads=8, num_key_value_heads=1,
+    model_type="deepseek_v4", vocab_size=VOCAB, hidden_size=256, num_hidden_layers=3,
+    compress_ratios=[0, 4, 128], num_attention_heads=8, num_key_value_heads=1,
     qk_nope_head_dim=448, qk_rope_head_dim=64, v_head_dim=512, kv_lora_rank=512, q_lora_rank=128,
     o_lora_rank=64, o_groups=2, index_n_heads=4, index_head_dim=128, index_topk=512,
     window_size=128, sliding_window=128, head_dim=512, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
@@ -64,7 +72,7 @@ DSV4_CONFIG = dict(
     topk_method="noaux_tc", n_group=1, topk_group=1, routed_scaling_factor=1.5,
     norm_topk_prob=True, num_hash_layers=1, hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6,
     rms_norm_eps=1e-6, rope_theta=10000, compress_rope_theta=40000,
-    max_position_embeddings=MAX_POSITIONS,
+    max_position_embeddings=8192,
     rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192,
                   "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
     num_nextn_predict_layers=0, bos_token_id=0, eos_token_id=1, tie_word_embeddings=False,

@@ -75,78 +75,65 @@ def ring_slots(ratio: int, rid: torch.Tensor, positions: torch.Tensor, *, req_to
 def make_plan(ratio: int, *, is_prefill: bool, req_pool_indices, seq_lens, extend_lens,
               req_to_token, full_to_swa, swa_page_size: int, ring_size: int,
               use_req_ring: bool = False) -> TorchCompressPlan:
-    """The plan (stand-in for c_plan.cuh plan_compress_prefill / plan_compress_decode)."""
+    """The plan (stand-in for c_plan.cuh plan_compress_prefill / plan_compress_decode), built
+    for every token of the batch at once (no per-token Python work)."""
     w = window(ratio)
     overlap = ratio == 4
     mtp_pad = ring_size - w + 2 if ring_size > w else 0
     slots = dict(req_to_token=req_to_token, full_to_swa=full_to_swa, swa_page_size=swa_page_size,
                  ring_size=ring_size, use_req_ring=use_req_ring)
-    rids = [int(r) for r in req_pool_indices.tolist()]
-    seqs = [int(s) for s in seq_lens.tolist()]
-    exts = [1] * len(seqs) if not is_prefill else [int(e) for e in extend_lens.tolist()]
-    out_seq, out_row, win_pos, win_rid, win_base, win_prefix = [], [], [], [], [], []
-    w_row, w_pos, w_rid = [], [], []
-    base = 0
-    for b, (rid, seq, ext) in enumerate(zip(rids, seqs, exts)):
-        prefix = seq - ext
-        last_group = seq // ratio * ratio
-        first_w = min(last_group - (ratio if overlap else 0), seq - mtp_pad)
-        for j in range(ext):
-            pos = prefix + j
-            if (pos + 1) % ratio == 0:
-                out_seq.append(pos + 1)
-                out_row.append(base + j if is_prefill else b)
-                win_pos.append(list(range(pos + 1 - w, pos + 1)))
-                win_rid.append(rid)
-                # decode reads the whole window from the ring (it writes first)
-                win_prefix.append(prefix if is_prefill else seq)
-                win_base.append(base)
-            write = pos >= first_w or (overlap and not use_req_ring
-                                       and pos % swa_page_size >= swa_page_size - ratio)
-            if write or not is_prefill:
-                w_row.append(base + j)
-                w_pos.append(pos)
-                w_rid.append(rid)
-        base += ext
-    n, i64 = len(out_seq), torch.int64
-    pos_t = torch.tensor(win_pos, dtype=i64).view(n, w)
-    prefix_t = torch.tensor(win_prefix, dtype=i64).view(n, 1)
-    base_t = torch.tensor(win_base, dtype=i64).view(n, 1)
+    i64 = torch.int64
+    rid = req_pool_indices.to(i64).view(-1)
+    seq = seq_lens.to(i64, copy=True).view(-1)      # the plan keeps it: never the caller's tensor
+    if not is_prefill:
+        # decode: one token per request, always written to the ring (before it compresses), one
+        # output row per request (the kernel's plan_d); only boundary rows are stored
+        batch = torch.arange(seq.shape[0], dtype=i64)
+        return TorchCompressPlan(
+            ratio, True, seq, batch, *_decode_windows(ratio, rid, seq, **slots),
+            write_row=batch, write_slot=ring_slots(ratio, rid, seq - 1, **slots))
+    ext = extend_lens.to(i64).view(-1)
+    prefix = seq - ext
+    base = torch.cumsum(ext, 0) - ext                    # ragged row of each request's first token
+    first_w = torch.minimum(seq // ratio * ratio - (ratio if overlap else 0), seq - mtp_pad)
+    owner = torch.repeat_interleave(torch.arange(seq.shape[0], dtype=i64), ext)   # per token
+    row = torch.arange(owner.shape[0], dtype=i64)        # ragged row of each token
+    pos = prefix[owner] + row - base[owner]
+    # a group compresses when its last token is computed
+    out = (pos + 1) % ratio == 0
+    out_row = row[out]
+    out_owner = owner[out]
+    out_seq = pos[out] + 1
+    n = out_seq.shape[0]
+    pos_t = out_seq.view(n, 1) - w + torch.arange(w, dtype=i64).view(1, w)
+    prefix_t = prefix[out_owner].view(n, 1)
     present = pos_t >= 0
     from_input = pos_t >= prefix_t
-    rid_t = torch.tensor(win_rid, dtype=i64).view(n, 1).expand(n, w)
     need_ring = present & ~from_input
     state_slot = torch.zeros((n, w), dtype=i64)
     if bool(need_ring.any()):
+        rid_t = rid[out_owner].view(n, 1).expand(n, w)
         state_slot[need_ring] = ring_slots(ratio, rid_t[need_ring], pos_t[need_ring], **slots)
-    if is_prefill:
-        decode_seq = torch.zeros(0, dtype=i64)
-    else:
-        decode_seq = torch.tensor(seqs, dtype=i64)
-    write_slot = (ring_slots(ratio, torch.tensor(w_rid, dtype=i64), torch.tensor(w_pos, dtype=i64), **slots)
-                  if w_row else torch.zeros(0, dtype=i64))
-    if not is_prefill:
-        # decode: one output row per request (the kernel's plan_d); only boundary rows are stored
-        return TorchCompressPlan(
-            ratio, True, decode_seq, torch.arange(len(seqs), dtype=i64),
-            *_decode_windows(ratio, rids, seqs, **slots), write_row=torch.tensor(w_row, dtype=i64),
-            write_slot=write_slot)
-    return TorchCompressPlan(ratio, False, torch.tensor(out_seq, dtype=i64),
-                             torch.tensor(out_row, dtype=i64), from_input,
-                             (base_t + pos_t - prefix_t).clamp_min(0) * from_input, state_slot,
-                             present, torch.tensor(w_row, dtype=i64), write_slot)
+    write = pos >= first_w[owner]
+    if overlap and not use_req_ring:
+        write |= pos % swa_page_size >= swa_page_size - ratio
+    w_row = row[write]
+    write_slot = (ring_slots(ratio, rid[owner[write]], pos[write], **slots)
+                  if w_row.numel() else torch.zeros(0, dtype=i64))
+    input_row = (base[out_owner].view(n, 1) + pos_t - prefix_t).clamp_min(0) * from_input
+    return TorchCompressPlan(ratio, False, out_seq, out_row, from_input, input_row, state_slot,
+                             present, w_row, write_slot)
 
 
-def _decode_windows(ratio, rids, seqs, **slots):
+def _decode_windows(ratio, rid, seq, **slots):
     """Decode windows: every entry from the ring, read after the token's own write."""
     w = window(ratio)
     i64 = torch.int64
-    n = len(seqs)
-    last = torch.tensor(seqs, dtype=i64).view(n, 1) - 1
-    pos = last - (w - 1) + torch.arange(w, dtype=i64).view(1, w)
+    n = seq.shape[0]
+    pos = seq.view(n, 1) - w + torch.arange(w, dtype=i64).view(1, w)
     # Non-boundary rows compute garbage the store skips: read their slots from position >= 0.
     present = pos >= 0
-    rid = torch.tensor(rids, dtype=i64).view(n, 1).expand(n, w)
+    rid = rid.view(n, 1).expand(n, w)
     state_slot = torch.zeros((n, w), dtype=i64)
     if bool(present.any()):
         state_slot[present] = ring_slots(ratio, rid[present], pos[present], **slots)
@@ -189,12 +176,18 @@ def compress_forward(kv_score_buffer, kv_score_input, ape, plan, *, head_dim, co
     ratio, w = compress_ratio, window(compress_ratio)
     last_dim = kv_score_input.shape[-1]
     ring = kv_score_buffer.view(-1, last_dim)
-    inp = kv_score_input.float()
     if plan.is_decode and plan.write_row.numel():      # decode writes before it compresses
         ring[plan.write_slot] = kv_score_input[plan.write_row].to(ring.dtype)
     n = plan.seq_len.shape[0]
-    rows = torch.where(plan.from_input[..., None], inp[plan.input_row.view(-1)].view(n, w, last_dim),
-                       ring[plan.state_slot.view(-1)].float().view(n, w, last_dim))
+    # Entries come from this forward's rows or from the ring; gather only the sources in use
+    # (decode: the ring only; a request's first chunk: its own rows only).
+    use_input = not plan.is_decode and bool(plan.from_input.any())
+    use_ring = plan.is_decode or not use_input or not bool(plan.from_input.all())
+    if use_input:
+        rows = kv_score_input[plan.input_row.view(-1)].float().view(n, w, last_dim)
+    if use_ring:
+        ring_rows = ring[plan.state_slot.view(-1)].float().view(n, w, last_dim)
+        rows = torch.where(plan.from_input[..., None], rows, ring_rows) if use_input else ring_rows
     kv, score = _entries(ratio, rows, head_dim)
     score = score + ape.to(kv_score_input.dtype).float().view(w, head_dim)
     kv = torch.where(plan.present[..., None], kv, torch.zeros_like(kv))
@@ -235,6 +228,8 @@ def compress_norm_rope_store(kv, plan, *, norm_weight, norm_eps, freq_cis, out_l
     assert KVLayout.parse(layout) is KVLayout.V4
     if kv.shape[0] == 0:
         return
+    if plan.is_decode and not bool((plan.seq_len % plan.compress_ratio == 0).any()):
+        return                                      # no group boundary in this decode step
     indexer = kv.shape[-1] == 128
     keep, _, rows = compressed_rows(kv, plan, norm_weight=norm_weight, norm_eps=norm_eps,
                                     freq_cis=freq_cis, rotate=indexer)
