@@ -1,6 +1,7 @@
 """The stock SM12x decode route on CPU (adapter/cpu/dsv4/flash_mla.py): the engine's own
 `_split_kv_pages_to_64` with its two Triton kernels stood in, and FlashInfer's
-`_sparse_mla_sm120_paged_attention` stood in by the engine's torch sparse decode.
+`_sparse_mla_sm120_paged_attention` stood in by the engine's torch sparse decode reorganised
+(`flash_mla._sparse_decode`: each referenced cache row dequantised once, then gathered by index).
 
 The split is checked against the rule the kernel source documents (sglang/kernels/ops/attention/
 flash_mla_sm120.py: the footer-layout comment above `_PBS_SRC` -- a 256-token page is
@@ -8,8 +9,10 @@ flash_mla_sm120.py: the footer-layout comment above `_PBS_SRC` -- a 256-token pa
 docstrings of `_page_mark_kernel` (every valid token marks its source page) and
 `_page_split_kernel` (only marked pages are copied; the persistent buffer keeps the rest)),
 written here per token, and against the real Triton kernels run under Triton's interpreter. The
-decode through the whole stock route (split, then the stand-in) equals the engine's torch decode
-on the original 256-token view, for a decode-sized and a prefill-sized call."""
+stand-in's decode equals the engine's `_sm120_sparse_decode_fwd` on the original 256-token view
+bit for bit (output and LSE; decode and multi-chunk prefill sizes; with and without the extra
+compressed cache, top-k lengths and the sink; -1 indices included), called directly and through
+the whole stock route (split, then the stand-in)."""
 import json
 import math
 import sys
@@ -165,25 +168,27 @@ def test_split_stand_ins_equal_the_triton_kernels_under_the_interpreter():
     assert report["untouched_pages_kept"]
 
 
-def _call(g, rows, heads=8, topk=128, pages=4, extra=True):
+def _call(g, rows, heads=8, topk=128, pages=4, extra=True, lengths=True, sink=True, extra_page=SP):
     """Keyword arguments as deepseek_v4_backend passes them to flash_mla_with_kvcache_sm120."""
     raw = _pool(g, pages)
     idx = torch.randint(0, pages * P, (rows, 1, topk), dtype=torch.int32, generator=g)
     idx[torch.rand(rows, 1, topk, generator=g) < 0.1] = -1
-    lengths = torch.randint(topk // 2, topk + 1, (rows,), dtype=torch.int32, generator=g)
+    topk_length = torch.randint(topk // 2, topk + 1, (rows,), dtype=torch.int32, generator=g)
     if rows > 1:
-        lengths[0] = 0                                              # a row with no SWA candidate
+        topk_length[0] = 0                                          # a row with no SWA candidate
     kw = dict(q=torch.randn(rows, 1, heads, 512, generator=g).to(torch.bfloat16),
               k_cache=_view4(raw).view(torch.float8_e4m3fn), head_dim_v=512,
-              softmax_scale=512 ** -0.5, indices=idx, topk_length=lengths,
-              attn_sink=torch.randn(heads, generator=g), extra_k_cache=None,
+              softmax_scale=512 ** -0.5, indices=idx, topk_length=topk_length if lengths else None,
+              attn_sink=torch.randn(heads, generator=g) if sink else None, extra_k_cache=None,
               extra_indices_in_kvcache=None, extra_topk_length=None)
-    if extra:                                                       # a c4 cache of 64-token pages
-        e_raw = _pool(g, 3, SP, SS)
-        kw.update(extra_k_cache=_view4(e_raw, SP, SS).view(torch.float8_e4m3fn),
-                  extra_indices_in_kvcache=torch.randint(-1, 3 * SP, (rows, 1, 64), dtype=torch.int32,
+    if extra:                                                       # a compressed (c4) cache
+        stride = SS if extra_page == SP else S
+        e_raw = _pool(g, 3, extra_page, stride)
+        kw.update(extra_k_cache=_view4(e_raw, extra_page, stride).view(torch.float8_e4m3fn),
+                  extra_indices_in_kvcache=torch.randint(-1, 3 * extra_page, (rows, 1, 64), dtype=torch.int32,
                                                          generator=g),
-                  extra_topk_length=torch.randint(1, 65, (rows,), dtype=torch.int32, generator=g))
+                  extra_topk_length=torch.randint(1, 65, (rows,), dtype=torch.int32, generator=g)
+                  if lengths else None)
     return kw
 
 
@@ -214,6 +219,59 @@ def test_stock_route_through_the_split_equals_the_torch_decode_in_place(engine, 
     err = capfd.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.startswith("[dsv41-cpu] dsv4 page split:")]
     assert len(lines) == 1 and lines[0].startswith(f"[dsv41-cpu] dsv4 page split: {path}, {rows} rows: "), err
+
+
+def _fast_decode(kw):
+    return flash_mla._sparse_decode(kw["q"], kw["k_cache"], kw["indices"], kw["topk_length"], kw["attn_sink"],
+                                    512, kw["softmax_scale"], kw["extra_k_cache"],
+                                    kw["extra_indices_in_kvcache"], kw["extra_topk_length"])
+
+
+@pytest.mark.parametrize("rows", [1, 4, 70])                        # 70: several CHUNKs, the last short
+@pytest.mark.parametrize("extra_page", [None, SP, 256])             # no extra cache; 64- / 256-token pages
+@pytest.mark.parametrize("lengths, sink", [(True, True), (False, False), (True, False), (False, True)])
+def test_stand_in_decode_equals_the_engines_torch_decode_bitwise(engine, rows, extra_page, lengths, sink):
+    """The stand-in's computation is the engine's `_sm120_sparse_decode_fwd` reorganised (each
+    referenced row dequantised once, gathered by index, CHUNK query tokens at a time): the same
+    output and natural-log LSE bits on the 256-token view; and through the stand-in's entry on
+    the engine's 64-token split view, the same output and the base-2, sink-including LSE computed
+    from the engine's LSE."""
+    assert rows < flash_mla.CHUNK or (rows > 2 * flash_mla.CHUNK and rows % flash_mla.CHUNK)
+    g = torch.Generator().manual_seed(100 + rows)
+    kw = _call(g, rows, extra=extra_page is not None, lengths=lengths, sink=sink, extra_page=extra_page or SP)
+    want, want_lse = _torch_decode(engine, kw)
+    got, got_lse = _fast_decode(kw)
+    assert got.dtype == want.dtype and got.shape == want.shape and got_lse.shape == want_lse.shape
+    assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
+    if lengths and rows > 1 and extra_page is None:                 # row 0: no candidate
+        assert bool((want[0] == 0).all()) and bool(torch.isneginf(want_lse[0]).all())
+    else:
+        assert bool(torch.isfinite(want_lse).all())
+    kv64 = engine._split_kv_pages_to_64(kw["k_cache"].view(torch.uint8), P, touched_indices=kw["indices"].squeeze(1))
+    out, out_lse = torch.empty(rows, 8, 512, dtype=torch.bfloat16), torch.empty(rows, 8)
+    extra = kw["extra_k_cache"]
+    flash_mla.sparse_mla_sm120_paged_attention(
+        kw["q"].squeeze(1), kv64, kw["indices"].squeeze(1), out, out_lse, kw["softmax_scale"],
+        topk_length=kw["topk_length"], attn_sink=kw["attn_sink"],
+        extra_kv_cache=None if extra is None else extra.view(torch.uint8),
+        extra_indices=None if extra is None else kw["extra_indices_in_kvcache"].squeeze(1),
+        extra_topk_length=kw["extra_topk_length"])
+    assert torch.equal(out, want.squeeze(1))
+    natural = want_lse.reshape(rows, 8)
+    if sink:
+        natural = torch.logaddexp(natural, kw["attn_sink"].view(1, 8))
+    assert torch.equal(out_lse, natural * flash_mla.LOG2E)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 100])
+def test_stand_in_decode_bits_do_not_depend_on_the_chunk(engine, monkeypatch, chunk):
+    """CHUNK only sizes the reused gather buffer: one token at a time, ragged chunks, or the
+    whole call in one give the engine's bits."""
+    monkeypatch.setattr(flash_mla, "CHUNK", chunk)
+    kw = _call(torch.Generator().manual_seed(7), 70, extra=True)
+    want, want_lse = _torch_decode(engine, kw)
+    got, got_lse = _fast_decode(kw)
+    assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
 
 
 def test_stand_in_writes_output_and_base2_lse_with_the_sink(engine):

@@ -121,6 +121,102 @@ def _nhd(cache: torch.Tensor) -> torch.Tensor:
     return cache
 
 
+_NOPE, _ROPE_BYTES, _TILES, _TILE = 448, 128, 7, 64    # the engine's _NOPE_DIM, 2 * _ROPE_DIM, _NUM_TILES, _TILE_SIZE
+_ROW, _SCALE_ROW = 576, 8                               # _NOPE_ROPE_STRIDE, _SCALE_STRIDE
+CHUNK = 16      # query tokens per gathered float32 block (a c4 prefill chunk: 16 x 640 x 2 KiB = 20 MiB)
+
+
+def _dequant_rows(cache: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The engine's `_gather_and_dequant` rule for the token rows `rows` (>= 0) of a footer-format
+    paged cache [pages, page, 1, 584] (any page stride): row r is token r % page of page
+    r // page; its 448 fp8 nope bytes times its 7 e8m0 tile scales in float32, to bf16, then its
+    64 bf16 rope values. [len(rows), 512] bf16, the same elementwise ops as the engine's."""
+    pages, page = cache.shape[0], cache.shape[1]
+    stride = cache.stride(0)
+    raw = cache.as_strided((pages, stride), (stride, 1)).view(torch.uint8)
+    page_idx, offset = rows // page, rows % page
+    data = raw[:, :page * _ROW].view(pages, page, _ROW)[page_idx, offset]                # [N, 576]
+    scale = raw[:, page * _ROW:page * (_ROW + _SCALE_ROW)].view(pages, page, _SCALE_ROW)[page_idx, offset]
+    n = rows.numel()
+    out = torch.empty(n, _NOPE + _ROPE_BYTES // 2, dtype=torch.bfloat16)
+    out[:, :_NOPE] = (data[:, :_NOPE].view(torch.float8_e4m3fn).view(n, _TILES, _TILE).float()
+                      * scale[:, :_TILES].contiguous().view(torch.float8_e8m0fnu).view(n, _TILES, 1).float()
+                      ).view(n, _NOPE).to(torch.bfloat16)
+    out[:, _NOPE:] = data[:, _NOPE:].contiguous().view(torch.bfloat16)
+    return out
+
+
+def _invalid(idx: torch.Tensor, length) -> torch.Tensor:
+    """The engine's mask: index < 0, or position >= the row's top-k length."""
+    invalid = idx < 0
+    if length is not None:
+        invalid = invalid | (torch.arange(idx.shape[-1]).view(1, 1, -1) >= length.view(-1, 1, 1))
+    return invalid
+
+
+def _sparse_decode(q, kv_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale,
+                   extra_kv_cache=None, extra_indices=None, extra_topk_length=None):
+    """`flash_mla_sm120._sm120_sparse_decode_fwd` (same arguments: q [T, 1, H, 512], caches
+    [pages, page, 1, 584], indices [T, 1, topk]; same (out, lse) returns), reorganised, not
+    rewritten: the engine gathers and dequantises one row per (query token, candidate) -- a byte
+    index per element -- into one [T, 1, topk, 512] tensor, then zeroes the masked candidates.
+    Here each referenced cache row is dequantised once (the unique valid rows of the call, by the
+    engine's elementwise rule) into a float32 table whose row 0 is zero, and the candidates are
+    gathered from it by index (masked ones from row 0): the engine's `gathered_kv.float()` value
+    for value, `CHUNK` query tokens at a time into one reused buffer. Each chunk goes through the
+    engine's own einsums (the same per-token [H, 512] x [512, topk] products); the mask, scale,
+    logsumexp, sink and exp are the engine's ops on the whole call's scores, in its order. So the
+    bits are the engine's bits: tests/test_cpu_dsv4_flash_mla.py checks torch.equal against
+    `_sm120_sparse_decode_fwd` (output and LSE; decode and multi-chunk prefill sizes)."""
+    tokens, H_q = q.shape[0], q.shape[2]
+    parts = [(kv_cache, indices, _invalid(indices, topk_length))]
+    if extra_kv_cache is not None and extra_indices is not None:
+        parts.append((extra_kv_cache, extra_indices, _invalid(extra_indices, extra_topk_length)))
+    tables, slots, base = [torch.zeros(1, _NOPE + _ROPE_BYTES // 2, dtype=torch.bfloat16)], [], 1
+    for cache, idx, invalid in parts:
+        flat = idx.reshape(-1).to(torch.int64)
+        keep = ~invalid.reshape(-1)
+        rows, inverse = torch.unique(flat[keep], return_inverse=True)
+        tables.append(_dequant_rows(cache, rows))
+        slot = torch.zeros_like(flat)
+        slot[keep] = inverse + base
+        slots.append(slot.view(tokens, -1))
+        base += rows.numel()
+    table = torch.cat(tables).float()                  # [1 + rows, 512]: the bf16 values, exactly
+    slot = slots[0] if len(slots) == 1 else torch.cat(slots, dim=1)
+    invalid_mask = parts[0][2] if len(parts) == 1 else torch.cat([p[2] for p in parts], dim=2)
+    topk, width = slot.shape[1], table.shape[1]
+    buf = torch.empty(min(tokens, CHUNK) * topk, width)
+
+    def kv_f(start, stop):                             # the engine's kv_f[start:stop]
+        n = (stop - start) * topk
+        torch.index_select(table, 0, slot[start:stop].reshape(-1), out=buf[:n])
+        return buf[:n].view(stop - start, 1, topk, width)
+
+    q_f = q.float()
+    chunks = [(i, min(i + CHUNK, tokens)) for i in range(0, max(tokens, 1), CHUNK)]
+    scores = torch.cat([torch.einsum("bshd,bstd->bsht", q_f[i:j], kv_f(i, j)) for i, j in chunks]) \
+        if len(chunks) != 1 else torch.einsum("bshd,bstd->bsht", q_f, kv_f(0, tokens))
+    scores = scores * softmax_scale
+    scores.masked_fill_(invalid_mask.unsqueeze(2).expand_as(scores), float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    if attn_sink is not None:
+        lse_for_out = torch.logsumexp(
+            torch.stack([lse, attn_sink.view(1, 1, H_q).expand_as(lse)], dim=0), dim=0)
+    else:
+        lse_for_out = lse.clone()
+    lonely = lse == float("-inf")
+    lse_for_out[lonely] = float("inf")
+    weights = torch.exp(scores - lse_for_out.unsqueeze(-1))
+    if len(chunks) == 1:                               # the buffer still holds the whole call
+        out = torch.einsum("bsht,bstv->bshv", weights, buf.view(tokens, 1, topk, width)[..., :head_dim_v])
+    else:
+        out = torch.cat([torch.einsum("bsht,bstv->bshv", weights[i:j], kv_f(i, j)[..., :head_dim_v])
+                         for i, j in chunks])
+    out[lonely.unsqueeze(-1).expand_as(out)] = 0.0
+    return out.to(torch.bfloat16), lse.permute(0, 2, 1)
+
+
 def sparse_mla_sm120_paged_attention(q, kv_cache, indices, output, out_lse, sm_scale, *, d_v=D_V_DSV4,
                                      kv_scale_format="auto", topk_length=None, attn_sink=None,
                                      extra_kv_cache=None, extra_indices=None, extra_topk_length=None,
@@ -132,12 +228,11 @@ def sparse_mla_sm120_paged_attention(q, kv_cache, indices, output, out_lse, sm_s
     passes. Same signature; mutates `output` and `out_lse` in place and returns None, as there:
     output [T, H, d_v] bf16; out_lse [T, H] float32 in base 2 times `lse_scale`, with the sink's
     mass (FlashMLA V4: lse' = log(exp(lse) + exp(sink))); a row with no valid candidate has
-    output 0 and LSE -inf, or the sink's. Computed by the engine's own torch sparse decode
-    `_sm120_sparse_decode_fwd` on the cache as given (after the engine's split: 64-token pages).
-    The split-K scratch (mid_out / mid_lse) and prefill_impl only steer FlashInfer's kernels:
-    accepted, not used."""
-    from sglang.kernels.ops.attention.flash_mla_sm120 import _sm120_sparse_decode_fwd
-
+    output 0 and LSE -inf, or the sink's. Computed by `_sparse_decode`: the engine's torch sparse
+    decode `_sm120_sparse_decode_fwd` reorganised to dequantise each referenced cache row once
+    (bitwise equal to the engine's function, checked by the tests), on the cache as given (after
+    the engine's split: 64-token pages). The split-K scratch (mid_out / mid_lse) and prefill_impl
+    only steer FlashInfer's kernels: accepted, not used."""
     if (extra_kv_cache is None) != (extra_indices is None):
         raise ValueError("extra_kv_cache and extra_indices must be provided together")
     if extra_kv_cache is None and extra_topk_length is not None:
@@ -152,7 +247,7 @@ def sparse_mla_sm120_paged_attention(q, kv_cache, indices, output, out_lse, sm_s
     tokens, heads = q3.shape[:2]
     idx = indices.reshape(tokens, 1, indices.shape[-1])
     extra_idx = None if extra_indices is None else extra_indices.reshape(tokens, 1, extra_indices.shape[-1])
-    out, lse = _sm120_sparse_decode_fwd(
+    out, lse = _sparse_decode(
         q3.unsqueeze(1), _nhd(kv_cache), idx, topk_length, attn_sink, d_v, sm_scale,
         None if extra_kv_cache is None else _nhd(extra_kv_cache), extra_idx, extra_topk_length)
     output.view(tokens, heads, d_v).copy_(out.view(tokens, heads, d_v))
