@@ -36,6 +36,13 @@ class Key:
 KEYS: tuple[Key, ...] = (
     Key("DSV41_SWA_NATIVE_DECODE", "flag", "swan", enables=True, default=0,
         doc="decode reads 256-token SWA pages in place (no split to 64-token pages)"),
+    Key("DSV41_SWAN_SELFCHECK", "int", "swan", default=1, lo=0, hi=2,
+        doc="swan's self-check at first use: each new decode key runs in place and stock once, "
+            "bit-compared, verdict agreed by every TP rank; 1 = a differing key keeps the stock "
+            "split, 2 = swan as a whole falls back, 0 = off"),
+    Key("DSV41_SWAN_SELFCHECK_TEST_PLANT", "int", "swan", lo=0, hi=1023, test_only=True,
+        doc="test-only negative control of swan's self-check: the in-place read on this "
+            "attention-TP rank has a planted one-byte error; in no profile"),
     Key("DSV41_DECODE_YIELD", "int", "decode_yield", enables=True, lo=1, hi=99,
         doc="decode share (percent) of a chunked prefill's modelled time; unset = stock"),
     Key("DSV41_DECODE_YIELD_MODEL", "ints", "decode_yield", fields=(
@@ -52,6 +59,12 @@ KEYS: tuple[Key, ...] = (
         multiple_of=256, doc="replay length N in tokens (page aligned)"),
     Key("DSV41_SWA_CONE_TEST", "flag", "swa_cone", default=0, test_only=True,
         doc="test-only switch of cone replay; in no profile"),
+    Key("DSV41_SWA_CONE_TEST_NO_FLOOR", "flag", "swa_cone", default=0, test_only=True,
+        doc="test-only negative control of cone replay: no window floor at the replay start, so "
+            "replay rows read evicted window slots (the padding slot); in no profile"),
+    Key("DSV41_SWA_CONE_TEST_NO_COPY", "flag", "swa_cone", default=0, test_only=True,
+        doc="test-only negative control of cone replay: no copy of the resident latents / index "
+            "keys, so the replay rows' pages keep stale ones; in no profile"),
     Key("DSV41_AUTOTUNE_KEEP", "flag", "autotune_keep", enables=True, default=0,
         doc="ranks agree on the autotune cache; a launch sidecar drops stale caches"),
     Key("DSV41_INPUT_GUARD", "flag", "input_guard", enables=True, default=0,

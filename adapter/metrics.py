@@ -46,6 +46,10 @@ SERIES = {
                         ("adapter", "reason")),
     "dsv41_swan_served": ("SWA decode calls served in place on 256-token pages (no 4x64 split); "
                           "split calls are dsv41_fallbacks_total{adapter=\"swan\"}", ()),
+    "dsv41_swan_selfcheck_verified": ("Decode keys whose in-place output equalled the stock split's "
+                                      "bit for bit at first use, agreed by every TP rank", ()),
+    "dsv41_swan_selfcheck_failed": ("Decode keys whose first-use self-check failed on some TP rank "
+                                    "(the key keeps the stock split on every rank)", ()),
     "dsv41_decode_yield_chunks_yielded": ("Non-final prefill chunks after which decode streams "
                                           "got yield steps", ()),
     "dsv41_decode_yield_steps_planned": ("Decode steps planned before the next chunk", ()),
@@ -89,7 +93,9 @@ INSTALLED_HELP = "1 when the dsv41 adapter is installed in this engine, 0 when i
 # value filling the series' one label. "fallback:" is common to every adapter.
 KEYS = {
     "*": {"fallback:": "dsv41_fallbacks"},
-    "swan": {"served": ("dsv41_swan_served", ())},
+    "swan": {"served": ("dsv41_swan_served", ()),
+             "selfcheck_verified": ("dsv41_swan_selfcheck_verified", ()),
+             "selfcheck_failed": ("dsv41_swan_selfcheck_failed", ())},
     "decode_yield": {
         "chunks_yielded": ("dsv41_decode_yield_chunks_yielded", ()),
         "steps_planned": ("dsv41_decode_yield_steps_planned", ()),

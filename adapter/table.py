@@ -55,6 +55,7 @@ _IO = "sglang.srt.managers.io_struct"
 _HTTP = "sglang.srt.entrypoints.http_server"
 _AUTH = "sglang.srt.utils.auth"
 _SERVING = "sglang.srt.arg_groups.fields.serving"
+_PS = "sglang.srt.distributed.parallel_state"
 
 HOOKS: tuple[Hook, ...] = (
     # swan: SM12x sparse decode reads 256-token SWA pages in place (the SM12x decode entry;
@@ -65,7 +66,10 @@ HOOKS: tuple[Hook, ...] = (
         f"{_SM120}:_split_kv_pages_to_64",
         # the router reads the engine's backend; the CPU twin (adapter/swan/twin.py) calls its
         # torch sparse decode
-        f"{_SM120}:_sm120_default_backend", f"{_SM120}:_sm120_sparse_decode_fwd")),
+        f"{_SM120}:_sm120_default_backend", f"{_SM120}:_sm120_sparse_decode_fwd",
+        # the self-check agrees each new key's verdict over the attention TP group's gloo group
+        f"{_RC}:get_parallel", f"{_RC}:ParallelContext.attn_tp_group", f"{_PS}:GroupCoordinator.cpu_group",
+        f"{_PS}:GroupCoordinator.world_size", f"{_PS}:GroupCoordinator.rank_in_group")),
     # decode yield: defer the next chunk of a chunked prefill through the engine's own path.
     Hook("decode_yield", _SCHED, "Scheduler.get_next_batch_to_run", touches=(
         f"{_SB}:NextBatchPlan.batch_to_run", f"{_SB}:NextBatchPlan.running_batch",

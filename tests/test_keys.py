@@ -57,3 +57,26 @@ def test_edit_distance():
     assert keys.edit_distance("DSV41_SWA_THIN", "DSV41_SWA_THIN") == 0
     assert keys.edit_distance("DSV41_SWA_THN", "DSV41_SWA_THIN") == 1
     assert keys.edit_distance("abc", "") == 3
+
+
+def test_cone_test_switches_are_test_only_and_listed_so():
+    """Test-only switches: in no profile (tests/test_profile.py), never enabling, default off;
+    `dsv41 keys` marks them test-only."""
+    for name in ("DSV41_SWA_CONE_TEST", "DSV41_SWA_CONE_TEST_NO_FLOOR", "DSV41_SWA_CONE_TEST_NO_COPY"):
+        key = keys.KEY_BY_NAME[name]
+        assert key.test_only and not key.enables and key.default == 0 and key.adapter == "swa_cone"
+    s = keys.parse_env({"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_TEST_NO_FLOOR": "1"})
+    assert s.get("DSV41_SWA_CONE_TEST_NO_FLOOR") == 1 and s.enabled("swa_cone")
+    assert not keys.parse_env({"DSV41_SWA_CONE_TEST_NO_FLOOR": "1"}).enabled("swa_cone")
+    with pytest.raises(keys.ConfigError, match="DSV41_SWA_CONE_TEST_NO_FLOOR='2': expected 0 or 1"):
+        keys.parse_env({"DSV41_SWA_CONE_TEST_NO_FLOOR": "2"})
+
+
+def test_dsv41_keys_lists_the_cone_negative_controls_as_test_only(capsys):
+    from adapter.tools import cli
+
+    assert cli.main(["keys"]) == 0
+    out = capsys.readouterr().out
+    for name in ("DSV41_SWA_CONE_TEST_NO_FLOOR", "DSV41_SWA_CONE_TEST_NO_COPY"):
+        line = next(ln for ln in out.splitlines() if ln.startswith(name + " "))
+        assert "test-only" in line, line

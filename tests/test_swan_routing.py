@@ -190,7 +190,9 @@ def test_served_calls_skip_the_stock_split(install_adapters, fake_module, monkey
     def no_split(*_a, **_k):
         raise AssertionError("stock split reached")
 
-    state = install_adapters({"DSV41_SWA_NATIVE_DECODE": "1"})["swan"]
+    # the served path itself: without the first-use self-check (its stock call would split;
+    # tests/test_swan_selfcheck.py)
+    state = install_adapters({"DSV41_SWA_NATIVE_DECODE": "1", "DSV41_SWAN_SELFCHECK": "0"})["swan"]
     assert state.status == "installed", state.detail
     # after the install: its pin check reads the engine's own functions
     monkeypatch.setattr(m, "_split_kv_pages_to_64", no_split)
@@ -281,7 +283,9 @@ def test_router_describes_a_decode_shape_once(install_adapters, fake_module, mon
     from adapter import receipts
     from sglang.kernels.ops.attention import flash_mla_sm120 as m
 
-    state = install_adapters({"DSV41_SWA_NATIVE_DECODE": "1"})["swan"]
+    # routing's decision cache alone (the first-use self-check adds one stock call per key:
+    # tests/test_swan_selfcheck.py)
+    state = install_adapters({"DSV41_SWA_NATIVE_DECODE": "1", "DSV41_SWAN_SELFCHECK": "0"})["swan"]
     assert state.status == "installed", state.detail
     router = swan.ROUTER
     described = []

@@ -24,8 +24,10 @@ from test_swan_routing import CPU_TWIN_CAPS, _mutate, _pool, engine_call, fake_m
 
 @pytest.fixture
 def twin_router(install_adapters, fake_module, engine, monkeypatch):  # noqa: F811
-    """swan installed in this (CUDA-less) process; the engine entry on its flashinfer backend."""
-    state = install_adapters({"DSV41_SWA_NATIVE_DECODE": "1"})["swan"]
+    """swan installed in this (CUDA-less) process; the engine entry on its flashinfer backend.
+    The served path itself: without the first-use self-check, whose one stock call per key would
+    reach the split (tests/test_swan_selfcheck.py runs the twin with it)."""
+    state = install_adapters({"DSV41_SWA_NATIVE_DECODE": "1", "DSV41_SWAN_SELFCHECK": "0"})["swan"]
     assert state.status == "installed", state.detail
     monkeypatch.setattr(engine, "_sm120_default_backend", "flashinfer")
     receipts.forget("swan")
@@ -145,7 +147,7 @@ def test_with_cuda_the_module_is_the_kernel(install_adapters, fake_module, engin
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(swan, "Kernel", ModuleKernel)
-    state = install_adapters({"DSV41_SWA_NATIVE_DECODE": "1"})["swan"]
+    state = install_adapters({"DSV41_SWA_NATIVE_DECODE": "1", "DSV41_SWAN_SELFCHECK": "0"})["swan"]
     assert state.status == "installed", state.detail
     router = swan.ROUTER
     assert isinstance(router.kernel, ModuleKernel) and len(loaded) == 1

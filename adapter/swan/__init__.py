@@ -23,6 +23,9 @@ The package, by layer:
     decode on the 256-token pages in place, through the same page view; routing takes its caps,
     so it serves CPU tensors and only those). It runs the router in a real server on CPU; it is
     not the module's kernel;
+  * selfcheck: the first call of every new decode key runs in place and stock, compares the bits
+    and agrees the verdict over the attention TP group before the key is served
+    (DSV41_SWAN_SELFCHECK, on by default);
   * here: the router (the hook on the engine entry) and install().
 Only the Kernel touches a GPU; everything above it is tested on CPU.
 
@@ -36,7 +39,9 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
+from adapter.swan import selfcheck
 from adapter.swan.kernel import Kernel, Plan
+from adapter.swan.selfcheck import PENDING
 from adapter.swan.twin import Twin
 from adapter.swan.layout import (D_QK, D_V, DATA_BYTES, DECODE_MAX_TOKENS,
                                  FLASHINFER_HEAD_SPECIALISATIONS, HEAD_KERNELS, MANIFEST_SCHEMA,
@@ -53,7 +58,11 @@ NAME = "swan"
 KEY = "DSV41_SWA_NATIVE_DECODE"
 # Counter keys in receipts.counters["swan"] (series: adapter/metrics.py KEYS); split calls are
 # counted as fallback:<reason> by receipts.fallback.
-COUNTERS = {"served": "SWA decode calls served in place on 256-token pages (no 4x64 split)"}
+COUNTERS = {"served": "SWA decode calls served in place on 256-token pages (no 4x64 split)",
+            selfcheck.VERIFIED: "decode keys whose in-place output equalled the stock split's bit "
+                                "for bit on every TP rank at first use (then served in place)",
+            selfcheck.FAILED: "decode keys whose self-check failed on some TP rank (the key keeps "
+                              "the stock split on every rank)"}
 ENGINE_MODULE = "sglang.kernels.ops.attention.flash_mla_sm120"
 ENTRY = "flash_mla_with_kvcache_sm120"
 
@@ -76,14 +85,17 @@ __all__ = [
 
 class _Decision:
     """What the router decided for one decode key: the fallback reason, or the plan (and the
-    facts its first-served receipt line names)."""
+    facts its first-served receipt line names). With the self-check on, a new key's reason is
+    selfcheck.PENDING until its first call has been checked and agreed; `local` keeps what this
+    rank's routing decided meanwhile."""
 
-    __slots__ = ("reason", "plan", "facts")
+    __slots__ = ("reason", "plan", "facts", "local")
 
     def __init__(self, reason: Optional[str], plan: Optional[Plan] = None, facts: Optional[CallFacts] = None):
         self.reason = reason
         self.plan = plan
         self.facts = facts
+        self.local = reason
 
 
 class _Router:
@@ -110,6 +122,18 @@ class _Router:
         self.first_served = False
         self._decisions: dict[tuple, _Decision] = {}     # Python-keyed calls (decode_key)
         self._engine_vars: Optional[dict] = None     # the engine module's namespace (its backend)
+        # the self-check at first use (selfcheck.py): off, per key, or swan as a whole; the
+        # installer's ctx has the keys (a bench's stand-in ctx has none: off)
+        value = getattr(ctx, "value", None)
+        self.check_mode = selfcheck.OFF if value is None else value(selfcheck.KEY)
+        self.checks = 0                   # keys checked on this rank (every rank: the same count)
+        self.verified = 0
+        self.failed = 0
+        self.off_reason: Optional[str] = None     # DSV41_SWAN_SELFCHECK=2 after a failed check
+        self.group = selfcheck.engine_group       # () -> (gloo group, world, rank): a test seam
+        self.plant = None if value is None else value(selfcheck.PLANT_KEY)
+        if self.plant is not None and kernel is not None:
+            self._plant_kernel(kernel)
         self.hook = self._make_hook()
 
     def kernel_name(self) -> str:
@@ -132,6 +156,17 @@ class _Router:
         return self.kernel
 
     def _decide(self, args: tuple, kwargs, backend: str) -> _Decision:
+        """The decision of a new key. With the self-check on it is PENDING whatever routing
+        said: the key's first call checks (if this rank would serve it) and agrees with the
+        other ranks (in any case: every rank takes part in one agreement per new key)."""
+        if self.off_reason is not None:
+            return _Decision(self.off_reason)
+        decision = self._route(args, kwargs, backend)
+        if self.check_mode:
+            decision.reason = PENDING
+        return decision
+
+    def _route(self, args: tuple, kwargs, backend: str) -> _Decision:
         facts = describe_call(args, kwargs, backend)
         reason = route(facts, self.caps)
         if reason is not None:
@@ -141,6 +176,122 @@ class _Router:
             return _Decision(self.load_error)
         plan = kernel.plan(facts, kwargs)
         return _Decision(plan.reason, plan, facts)
+
+    # --- the self-check at first use (selfcheck.py) ----------------------------------------
+
+    def _first_use(self, decision: _Decision, original, args: tuple, kwargs):
+        """The first call of a PENDING key: run in place (where this rank's routing serves it)
+        and stock on the same inputs, compare the bits, agree over the TP group, settle the
+        key's decision for every later call. Returns the stock call's answer (the same bits
+        when the key is verified). The stock call is the engine's own: its exceptions are
+        stock's; nothing of swan's reaches the engine."""
+        try:
+            import torch
+
+            capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        except Exception:  # noqa: BLE001 - no CUDA state to ask: not capturing
+            capturing = False
+        if capturing:
+            # no sync and no collective inside a graph capture: the key stays pending, this call
+            # is recorded with the stock split (the capture's warm-ups, outside the graph, have
+            # checked every key the graph runs)
+            self.ctx.fallback(selfcheck.CAPTURE_REASON)
+            return original(*args, **kwargs)
+        got, detail = None, None
+        if decision.local is None:
+            try:
+                got = self.kernel.run(decision.plan, kwargs)
+            except Exception as exc:  # noqa: BLE001 - the in-place path failed: the key differs
+                detail = f"in-place kernel launch failed ({type(exc).__name__})"
+        want = original(*args, **kwargs)
+        try:
+            self._settle(decision, kwargs, got, want, detail)
+        except Exception as exc:  # noqa: BLE001 - swan's own: this key keeps the stock split
+            decision.reason = (f"internal error in the self-check ({type(exc).__name__}); this key "
+                               "keeps the stock split")
+        if decision.reason is not None:
+            self.ctx.fallback(decision.reason)
+        return want
+
+    def _settle(self, decision: _Decision, kwargs, got, want, detail: Optional[str]) -> None:
+        from adapter import receipts
+
+        self.checks += 1
+        serial = self.checks
+        local = decision.local
+        if local is None and detail is None:
+            try:
+                detail = selfcheck.compare(got, want)
+            except Exception as exc:  # noqa: BLE001 - not compared: not verified
+                detail = f"comparison failed ({type(exc).__name__})"
+        differs, refused = local is None and detail is not None, local is not None
+        try:
+            key = selfcheck.key_text(kwargs)
+            fp = selfcheck.fingerprint(serial, kwargs)
+        except Exception as exc:  # noqa: BLE001 - described without its shape
+            key, fp = f"#{serial} (not described: {type(exc).__name__})", [serial, 0, 0, 0, 0]
+        try:
+            group, world, _rank = self.group()
+            any_differs, any_refused, out_of_step = selfcheck.agree(differs, refused, fp, group, world)
+        except Exception as exc:  # noqa: BLE001 - no agreement: not verified
+            any_differs, any_refused, out_of_step, world = True, refused, False, 0
+            if not refused:
+                differs, detail = True, detail or f"no TP agreement ({type(exc).__name__})"
+        if refused:
+            decision.reason = local          # this rank's own routing reason
+        elif out_of_step:
+            decision.reason = (f"self-check: the TP ranks checked different keys at check {serial} "
+                               f"(this rank: {key}); this key keeps the stock split")
+        elif any_differs:
+            where = detail if differs else "equal on this TP rank, different on another"
+            decision.reason = (f"self-check failed for key {key}: {where}; this key keeps the stock "
+                               f"split on every TP rank")
+        elif any_refused:
+            decision.reason = f"another TP rank's routing keeps the stock split for key {key}"
+        else:
+            decision.reason = None
+            self.verified += 1
+            self.ctx.counters[selfcheck.VERIFIED] += 1
+            receipts.line(NAME, "self-check verified key %d (%s): in-place output bit-identical to "
+                          "the stock split's, agreed by the TP group (%d ranks) (%d verified, %d "
+                          "failed)", serial, key, world, self.verified, self.failed)
+            return
+        if any_differs or out_of_step:
+            self.failed += 1
+            self.ctx.counters[selfcheck.FAILED] += 1
+            if self.check_mode == selfcheck.WHOLE:
+                self._turn_off(decision.reason)
+
+    def _turn_off(self, reason: str) -> None:
+        """DSV41_SWAN_SELFCHECK=2: a failed key turns swan off on every rank (the failure was
+        agreed): every kept decision and every new key falls back."""
+        self.off_reason = f"swan off after a failed self-check (DSV41_SWAN_SELFCHECK=2): {reason}"
+        for decision in list(self._decisions.values()) + [d for _, d in self._native_decisions.values()]:
+            decision.reason = self.off_reason
+
+    def _plant_kernel(self, kernel) -> None:
+        """Test only (DSV41_SWAN_SELFCHECK_TEST_PLANT=<rank>): on that attention-TP rank every
+        in-place call reads a copy of the pool with one byte changed (selfcheck.planted_kwargs);
+        the engine's pool is never written. Loud: one TEST ONLY line per process."""
+        from adapter import receipts
+
+        run = kernel.run
+        state = {"rank": None, "logged": False}
+
+        def planted_run(plan, kwargs):
+            if state["rank"] is None:
+                state["rank"] = self.group()[2]
+            if state["rank"] != self.plant:
+                return run(plan, kwargs)
+            kwargs, where = selfcheck.planted_kwargs(kwargs)
+            if not state["logged"]:
+                state["logged"] = True
+                receipts.line(NAME, "TEST ONLY %s=%d: the in-place read on this TP rank has a planted "
+                              "one-byte error (%s) in every call; this output is not swan's",
+                              selfcheck.PLANT_KEY, self.plant, where)
+            return run(plan, kwargs)
+
+        kernel.run = planted_run
 
     def forget(self) -> None:
         """Drop the cached decisions (tests that change routing under a live router)."""
@@ -201,6 +352,7 @@ class _Router:
         fallback = self.ctx.fallback
         decide = self._decide
         python_decision = self._python_decision
+        pending = PENDING
 
         def swan_router(original, *args, **kwargs):
             # The served path: one native call reads the call's metadata into an exact key and
@@ -222,6 +374,8 @@ class _Router:
             except Exception as exc:  # noqa: BLE001 - swan's own routing: this call goes stock
                 reason = f"internal error in routing ({type(exc).__name__}); this call keeps the stock split"
             if reason is not None:
+                if reason is pending:        # a new key's first call: the self-check
+                    return router._first_use(decision, original, args, kwargs)
                 fallback(reason)
                 return original(*args, **kwargs)
             try:
@@ -302,4 +456,15 @@ def install(ctx) -> str:
             f"{PAGE_STRIDE}) via {info.so_path.name} sha256 {info.sha256[:16]} (FlashInfer "
             f"{info.flashinfer_version}, {'/'.join(info.archs)}, heads {','.join(map(str, info.heads))}; "
             f"per-call key {ROUTER_KEY_MODULE}); "
-            f"kernel {load}; engine SM120 backend {router.backend()}; other calls keep the stock split")
+            f"kernel {load}; engine SM120 backend {router.backend()}; {_selfcheck_receipt(router)}; "
+            f"other calls keep the stock split")
+
+
+def _selfcheck_receipt(router: _Router) -> str:
+    mode = router.check_mode
+    if not mode:
+        return f"self-check off ({selfcheck.KEY}=0): new decode keys are served unchecked"
+    return (f"self-check on ({selfcheck.KEY}={mode}): each new decode key's first call runs in place "
+            f"and stock, bit-compared, the verdict agreed by every TP rank; a key that differs keeps "
+            f"the stock split{' and turns swan off' if mode == selfcheck.WHOLE else ''}"
+            + (f" (TEST ONLY {selfcheck.PLANT_KEY}={router.plant})" if router.plant is not None else ""))
