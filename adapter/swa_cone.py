@@ -26,6 +26,12 @@ Cone plans only where that forward side will run (`forward_side()`: the dsv4 pre
 HIP and NPU, from the published server arguments); anywhere else a lost resume point gets the
 fallback line and the stock match. Every decision reads replicated state only (server arguments, tree,
 request, budgets): all TP ranks plan alike. DSV41_SWA_CONE_TEST=1 (test only) re-reads each copy and checks it byte for byte.
+Negative controls (test only, never in a profile; install and every replay say so loudly):
+DSV41_SWA_CONE_TEST_NO_COPY=1 plans, masks and floors as usual but skips the copy (the replay rows'
+pages keep stale latents / index keys); DSV41_SWA_CONE_TEST_NO_FLOOR=1 copies and masks but sets
+no window floor (the replay rows whose window reaches below s read the evicted slots, i.e. the
+padding slot). Rows >= F depend on the floor only through the model's receptive cone, which N
+covers, so the latter leaves them as they are (measured: docs/swa_cone.md).
 
 Failures (issue 30). A pool the copy cannot address (unified_kv, HiSparse C4) is found at the
 match, from the pool's layout: no plan, stock match kept. Once a request is admitted as a hit at
@@ -75,6 +81,8 @@ COUNTERS = {
     "replays_aborted": "planned requests failed with HTTP 503 because their replay could not be "
                        "prepared exactly (copy, mask or floor failed, on any TP rank)",
 }
+NO_FLOOR_KEY = "DSV41_SWA_CONE_TEST_NO_FLOOR"   # test only: negative control, no window floor
+NO_COPY_KEY = "DSV41_SWA_CONE_TEST_NO_COPY"     # test only: negative control, no copy
 ABORT_STATUS = 503          # HTTPStatus.SERVICE_UNAVAILABLE: the engine's status for KV that never landed
 
 _PLAN_FIELDS = ("prefix_len", "last_node", "last_host_node", "best_match_node", "host_hit_length",
@@ -114,9 +122,11 @@ class Plan:
 
 
 class Cone:
-    def __init__(self, tokens: int, test: bool):
+    def __init__(self, tokens: int, test: bool, no_floor: bool = False, no_copy: bool = False):
         self.tokens = tokens
         self.test = bool(test)
+        self.no_floor = bool(no_floor)     # DSV41_SWA_CONE_TEST_NO_FLOOR: test-only negative control
+        self.no_copy = bool(no_copy)       # DSV41_SWA_CONE_TEST_NO_COPY: test-only negative control
         self.plans: "collections.OrderedDict[str, Plan]" = collections.OrderedDict()
         self.counters = receipts.counters[ADAPTER]
 
@@ -411,6 +421,13 @@ class Cone:
                     failed[j] = "forward pass shorter than the planned replay"
                     continue
                 replay[i] = n
+                if self.no_copy:
+                    # Test-only negative control: the replay rows' fresh pages keep whatever
+                    # latents / index keys they held (stale). Loud, per replay.
+                    receipts.line(ADAPTER, "TEST ONLY copy SKIPPED request=%s rows=[%d,%d): %s=1, "
+                                  "the replay rows' pages keep stale latents / index keys; this "
+                                  "output is not cone's", plan.rid, plan.s, plan.F, NO_COPY_KEY)
+                    continue
                 try:
                     dst = req_to_token[slots[i], plan.s:plan.F]
                     src = plan.src_loc.to(dst.device)
@@ -432,10 +449,19 @@ class Cone:
                                                "replay rows keep their own latent writes")
                 else:
                     fb.encoder_swa_compress_rows = cc.keep_rows(extend, replay, device=device)
-            floor = cc.row_floor(extend, floors, device=device)
-            if fb.encoder_swa_row_floor is None:
-                fb.encoder_swa_row_floor = floor
-            setattr(fb, FLOOR_ATTR, floor)
+            if self.no_floor:
+                # Test-only negative control: no floor, so the replay rows whose window reaches
+                # below s read the evicted slots (the padding slot). Loud, per replay.
+                for _, plan in taken:
+                    receipts.line(ADAPTER, "TEST ONLY window floor REMOVED request=%s rows=[%d,%d): "
+                                  "%s=1, replay rows read window slots below s=%d (evicted, the "
+                                  "padding slot); this output is not cone's", plan.rid, plan.s,
+                                  plan.F, NO_FLOOR_KEY, plan.s)
+            else:
+                floor = cc.row_floor(extend, floors, device=device)
+                if fb.encoder_swa_row_floor is None:
+                    fb.encoder_swa_row_floor = floor
+                setattr(fb, FLOOR_ATTR, floor)
         except Exception as exc:  # noqa: BLE001 - mask or floor not in place: fail them all
             failed = [r or f"replay mask/floor failed ({type(exc).__name__})" for r in failed]
         return applied, failed
@@ -538,12 +564,20 @@ def install(ctx) -> str:
     global _cone
     tokens = ctx.value("DSV41_SWA_CONE_TOKENS")
     test = ctx.value("DSV41_SWA_CONE_TEST")
-    cone = _cone = Cone(tokens, test)
+    no_floor, no_copy = ctx.value(NO_FLOOR_KEY), ctx.value(NO_COPY_KEY)
+    cone = _cone = Cone(tokens, test, no_floor, no_copy)
     ctx.around("UnifiedRadixCache.match_prefix", cone.match_prefix)
     ctx.around("PrefillAdder.add_one_req", cone.add_one_req)
     ctx.around("PrefillAdder._select_prefill_admission", cone.select_admission)
     ctx.around("DeepseekV4AttnBackend._build_forward_metadata", cone.build_forward_metadata)
     ctx.around("DeepseekV4AttnBackend.init_forward_metadata_prefill", cone.init_prefill_metadata)
+    removed = [f"{key}=1 ({what})" for key, what, on in (
+        (NO_FLOOR_KEY, "no window floor: the replay rows read window slots below s, evicted, the "
+                       "padding slot", no_floor),
+        (NO_COPY_KEY, "no copy of the resident latents / index keys: the replay rows' pages keep "
+                      "stale ones", no_copy)) if on]
     return (f"DSV41_SWA_CONE_TOKENS={tokens}: a lost resume point replays {tokens} tokens in the "
-            f"first pass (plan/copy lines per replay)" + ("; DSV41_SWA_CONE_TEST=1 (copy self-check)"
-                                                           if test else ""))
+            f"first pass (plan/copy lines per replay)"
+            + ("; DSV41_SWA_CONE_TEST=1 (copy self-check)" if test else "")
+            + ("; TEST ONLY, NEGATIVE CONTROL: " + "; ".join(removed) + "; outputs are not "
+               "cone's; never in a profile" if removed else ""))

@@ -230,3 +230,96 @@ def test_cone_test_switch_checks_the_copy(pool):
     pool.index_pools[4].contiguous_page_row_buffers()[0][9, 0] ^= 0xFF
     with pytest.raises(AssertionError):
         _verify_copy(pool, _loc([3, 4]), _loc([9, 10]), P)
+
+
+def test_no_floor_test_switch_copies_and_masks_but_sets_no_floor(pool, caplog):
+    """DSV41_SWA_CONE_TEST_NO_FLOOR (test only, the negative control of the floor): the same copy
+    and write mask, no window floor on either path, and a loud line per replay."""
+    from adapter.swa_cone import Cone, Plan
+
+    s, F, tail, other = 512, 1024, 100, 300
+    _randomize(pool, 6)
+    r2t = torch.zeros(4, PAGES * P, dtype=torch.int32)
+    fb = _batch(r2t, s=s, F=F, tail=tail, other=other)
+    cone = Cone(F - s, test=True, no_floor=True)
+    cone.plans["A"] = Plan(rid="A", F=F, s=s, L=F + 100, src_loc=_loc([3, 4]))
+    with caplog.at_level(logging.INFO, logger="sglang.dsv41"):
+        applied = cone.apply(fb, pool=pool, req_to_token=r2t, page_size=P)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(applied) == 1 and [ln for ln in lines if " copy request=A " in ln]
+    removed = [ln for ln in lines if "TEST ONLY window floor REMOVED request=A rows=[512,1024)" in ln]
+    assert len(removed) == 1 and "DSV41_SWA_CONE_TEST_NO_FLOOR=1" in removed[0]
+    for ratio, ps, buf in _buffers(pool):
+        assert _pages_equal(buf, ps, ratio, [3, 4], [9, 10])           # copied as usual
+    assert fb.encoder_swa_compress_rows is not None                    # masked as usual
+    assert fb.encoder_swa_row_floor is None                            # ... but not floored
+    seen = {}
+
+    class _Pool:
+        request_window = None
+
+    class _Backend:
+        token_to_kv_pool = _Pool()
+
+    cone.init_prefill_metadata(lambda backend, **kw: seen.update(kw), _Backend(), forward_batch=fb,
+                               out_cache_loc=fb.out_cache_loc, swa_replay_start=None)
+    assert seen["swa_replay_start"] is None
+
+
+def test_negative_control_switches_are_off_by_default_and_named_at_install(monkeypatch):
+    from adapter import keys, swa_cone
+
+    monkeypatch.setattr(swa_cone, "_cone", swa_cone._cone)     # install() sets it: restored after
+
+    for name in (swa_cone.NO_FLOOR_KEY, swa_cone.NO_COPY_KEY):
+        key = keys.KEY_BY_NAME[name]
+        assert key.test_only and key.adapter == "swa_cone" and key.default == 0 and not key.enables
+    plain = swa_cone.Cone(512, test=False)
+    assert plain.no_floor is False and plain.no_copy is False
+
+    class Ctx:
+        def __init__(self, env):
+            self.settings = keys.parse_env(env)
+            self.rows = []
+
+        def value(self, name):
+            return self.settings.get(name)
+
+        def around(self, qualname, hook):
+            self.rows.append(qualname)
+
+    line = swa_cone.install(Ctx({"DSV41_SWA_CONE_REPLAY": "1"}))
+    assert "TEST ONLY" not in line and not swa_cone.state().no_floor
+    loud = swa_cone.install(Ctx({"DSV41_SWA_CONE_REPLAY": "1", swa_cone.NO_FLOOR_KEY: "1"}))
+    assert "TEST ONLY, NEGATIVE CONTROL: DSV41_SWA_CONE_TEST_NO_FLOOR=1" in loud
+    assert swa_cone.state().no_floor and not swa_cone.state().no_copy
+    loud = swa_cone.install(Ctx({"DSV41_SWA_CONE_REPLAY": "1", swa_cone.NO_COPY_KEY: "1"}))
+    assert "TEST ONLY, NEGATIVE CONTROL: DSV41_SWA_CONE_TEST_NO_COPY=1" in loud
+    assert swa_cone.state().no_copy and not swa_cone.state().no_floor
+
+
+def test_no_copy_test_switch_masks_and_floors_but_copies_nothing(pool, caplog):
+    """DSV41_SWA_CONE_TEST_NO_COPY (test only, the negative control of the copy): the same mask and
+    floor, the replay rows' pages keep their stale bytes, no copy line, a loud line instead."""
+    from adapter.swa_cone import Cone, Plan
+
+    s, F, tail, other = 512, 1024, 100, 300
+    _randomize(pool, 7)
+    before = [buf.clone() for _, _, buf in _buffers(pool)]
+    r2t = torch.zeros(4, PAGES * P, dtype=torch.int32)
+    fb = _batch(r2t, s=s, F=F, tail=tail, other=other)
+    cone = Cone(F - s, test=True, no_copy=True)
+    cone.plans["A"] = Plan(rid="A", F=F, s=s, L=F + 100, src_loc=_loc([3, 4]))
+    with caplog.at_level(logging.INFO, logger="sglang.dsv41"):
+        applied = cone.apply(fb, pool=pool, req_to_token=r2t, page_size=P)
+    lines = [r.getMessage() for r in caplog.records]
+    assert applied == [] and not [ln for ln in lines if " copy request=" in ln]
+    skipped = [ln for ln in lines if "TEST ONLY copy SKIPPED request=A rows=[512,1024)" in ln]
+    assert len(skipped) == 1 and "DSV41_SWA_CONE_TEST_NO_COPY=1" in skipped[0]
+    assert not [ln for ln in lines if "abort" in ln]                   # served, not failed
+    for (_, _, buf), old in zip(_buffers(pool), before):
+        assert torch.equal(buf, old)                                    # nothing copied
+    n_a = F + tail - s
+    keep = torch.cat([torch.arange(F - s, n_a), torch.arange(n_a, n_a + other)])
+    assert torch.equal(fb.encoder_swa_compress_rows, keep)              # masked as usual
+    assert torch.equal(fb.encoder_swa_row_floor, torch.tensor([s] * n_a + [0] * other))

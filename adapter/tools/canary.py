@@ -41,22 +41,31 @@ IGNORED_WHY = {
     "--dsv4-attn-backend": "dsv4: the engine's SM120 route with CPU stand-ins for its kernels "
                            "(docs/cpu_server.md)",
     "--kv-cache-dtype": "dense / swa: float32 on CPU; dsv4: the engine's fp8_e4m3 (the same)",
-    "--context-length": "the tiny models' 32K",
+    "--context-length": "the tiny models' own (dense / swa 32K, dsv4 8K)",
     "--model-path": "the tiny CPU models", "--served-model-name": "not used",
 }
 # Per CPU model: chunk, pool sizes. Dense: 4,096-token chunks, so that the cost model plans more
 # than one decode step per chunk at share 33 / 50 (SPEC: at 256 it plans 1, like stock). SWA: a
 # small SWA pool (15 % of full) so that traffic evicts sliding windows while full KV stays.
-# DeepSeek-V4: the harness's page 256, 512-token chunks, SWA pool 25 % of full
+# DeepSeek-V4: the harness's page 256, SWA pool 25 % of full
 # (adapter/cpu/server.py MODEL_DEFAULT_ARGS), and --enable-metrics on both boots: swan's served
 # calls are read from the engine's /metrics (dsv41_swan_served_total); it changes no output.
 MODEL_ARGS = {
     "dense": {"--chunked-prefill-size": "4096", "--max-total-tokens": "40960"},
     "swa": {"--chunked-prefill-size": "1024", "--max-total-tokens": "8192",
             "--swa-full-tokens-ratio": "0.15"},
-    "dsv4": {"--chunked-prefill-size": "512", "--enable-metrics": ""},
+    # 1024-token chunks (traffic.DSV4_CHUNK): cone's first pass then holds the replay and the
+    # resume's new tokens, so rows past the resume point read the copied pages (at 512 = N the
+    # engine's checkpoint after the pass points them back at the resident ones).
+    "dsv4": {"--chunked-prefill-size": "1024", "--enable-metrics": ""},
 }
 CADENCE_PREFILL = {"dense": 24576}
+# Keys scaled to a CPU model's pools, by model: {key: (value, why)}. The tiny DeepSeek-V4's full
+# pool is 8192 tokens, so the profile's cone replay of 8192 would start every replay at 0, never
+# past the stock hit, and cone would decline everywhere (traffic.DSV4_CONE_TOKENS says why 512).
+SCALED_KEYS = {"dsv4": {"DSV41_SWA_CONE_TOKENS": (
+    "512", "the tiny DeepSeek-V4's pool holds 8192 tokens: a replay of the profile's N would "
+           "start at 0 (cone declines); 512 = one chunk, past the model's 3-layer receptive cone")}}
 # input_guard's effect: one /generate whose prompt holds an id outside the vocabulary, sent to the
 # line's boot after its other traffic (stock 0.5.23's scheduler dies on it; it is not sent to the
 # control, whose traffic and logs the report compares; tests/e2e/test_e2e_faults.py shows it).
@@ -105,6 +114,17 @@ def split_line(line) -> tuple[dict, dict, dict]:
     return keys, args, ignored
 
 
+def model_keys(model: str, keys: dict) -> tuple[dict, dict]:
+    """(the keys a CPU model boots with, {"KEY a -> b": why} for each one SCALED_KEYS changed):
+    a key is scaled only where the line sets it."""
+    out, notes = dict(keys), {}
+    for key, (value, why) in SCALED_KEYS.get(model, {}).items():
+        if key in out and out[key] != value:
+            notes[f"{key} {out[key]} -> {value} ({model})"] = why
+            out[key] = value
+    return out, notes
+
+
 def config_key(model: str, keys: dict, args: dict) -> tuple:
     return (model, tuple(sorted(keys.items())), tuple(sorted(args.items())))
 
@@ -119,6 +139,7 @@ class ConfigRun:
     exit_code: Optional[int] = None
     records: list = dataclasses.field(default_factory=list)      # traffic.Record
     window: Optional[dict] = None                                 # traffic.window_resume
+    beside: Optional[dict] = None             # traffic.decode_beside_chunked_prefill (dsv4)
     idle: Optional[dict] = None                                   # traffic.idle_session_resume
     cadence: Optional[dict] = None                                # traffic.yield_cadence
     logs: dict = dataclasses.field(default_factory=dict)          # "<role> pid N" -> text
@@ -289,15 +310,21 @@ def run_config(model: str, keys: dict, args: dict, *,
         say(f"{name or model}: up in {run.boot_s:.0f}s; equality traffic")
         chunk = int(merged["--chunked-prefill-size"])
         if "equality" in scenarios:
-            run.records = traffic.equality_run(server, chunk)
-        if "window" in scenarios and model == "swa":
+            run.records = traffic.equality_run(server, chunk, one_batch=model == "dsv4")
+        window = {"swa": traffic.window_resume, "dsv4": traffic.dsv4_window_resume}.get(model)
+        if "window" in scenarios and window is not None:
             server.flush_cache()
             say(f"{name or model}: lost-window resume")
-            run.window = traffic.window_resume(server)
-        if "idle" in scenarios and model == "swa":
+            run.window = window(server)
+        idle = {"swa": traffic.idle_session_resume, "dsv4": traffic.dsv4_idle_session_resume}.get(model)
+        if "idle" in scenarios and idle is not None:
             server.flush_cache()
             say(f"{name or model}: idle session resume after sub-agent turns")
-            run.idle = traffic.idle_session_resume(server)
+            run.idle = idle(server)
+        if "cadence" in scenarios and model == "dsv4":
+            server.flush_cache()
+            say(f"{name or model}: a decode stream beside a chunked prefill")
+            run.beside = traffic.decode_beside_chunked_prefill(server)
         if "cadence" in scenarios and model in CADENCE_PREFILL:
             server.flush_cache()
             prefill = cadence_prefill or CADENCE_PREFILL[model]
@@ -368,6 +395,12 @@ def _effect(adapter: str, line: ConfigRun, control: ConfigRun) -> dict:
         if len(decisions) > 1:
             out["decisions_alike_on_ranks"] = len({tuple(v) for v in decisions.values()}) == 1
         return out
+    if adapter == "decode_yield" and line.beside:
+        # dsv4: no cadence (CPU prefill of the tiny V4 is too slow for a long prompt); the
+        # decisions logged while a stream decoded beside a two-chunk prefill, T=0 equal
+        return {"yield_lines": len([ln for ln in line.dsv41_lines(adapter) if "yielded" in ln]),
+                "decision_lines": len([ln for ln in line.dsv41_lines(adapter) if " rid=" in ln]),
+                "stream_tokens": len(line.beside["stream"].ids)}
     if adapter == "autotune_keep":
         agreement = {r: v for r, v in rank_agreement(line).items() if v}
         if len(agreement) > 1:
@@ -385,9 +418,12 @@ def _effect(adapter: str, line: ConfigRun, control: ConfigRun) -> dict:
         return {"served": int(line.metric("dsv41_swan_served_total") or 0),
                 "split": {k: int(v) for k, v in line.metric_labels(
                     "dsv41_fallbacks_total", "reason", adapter="swan").items()},
-                "kernel": next((ln.split("kernel ", 1)[1].split(";")[0]
+                # the self-check at first use: keys verified bit-identical to the stock split
+                "selfcheck": {"verified": int(line.metric("dsv41_swan_selfcheck_verified_total") or 0),
+                              "failed": int(line.metric("dsv41_swan_selfcheck_failed_total") or 0)},
+                "kernel": next(("CPU twin" if "; kernel CPU twin" in ln else "swan256.so"
                                 for ln in line.dsv41_lines(adapter, "sglang::scheduler")
-                                if " installed:" in ln and "kernel " in ln), None)}
+                                if " installed:" in ln), None)}
     if adapter == "swa_cone":
         out = {"plans": len([ln for ln in line.dsv41_lines(adapter) if " plan " in ln]),
                "copies": len([ln for ln in line.dsv41_lines(adapter) if " copy " in ln])}
@@ -424,6 +460,9 @@ def _effect_failed(adapter: str, effect: dict) -> Optional[str]:
         return (f"admin_guard: {effect['admin_request']} got {effect['line_status']} (names "
                 f"--admin-api-key: {effect['names_flag']}), served after: "
                 f"{effect['line_served_after']} (expected 403 naming the flag, and served)")
+    if adapter == "swan" and effect.get("selfcheck", {}).get("failed"):
+        return (f"swan: the self-check failed on {effect['selfcheck']['failed']} decode key(s) "
+                "(the in-place read differs from the stock split; those keys keep the split)")
     for flag in ("decisions_alike_on_ranks", "alike_on_ranks"):
         if effect.get(flag) is False:
             return f"{adapter}: the ranks decided differently ({flag})"
@@ -437,6 +476,8 @@ def records_of(run: ConfigRun) -> list:
         out += [run.window["doc"], run.window["resume"]]
     if run.idle:
         out += [run.idle["session"], run.idle["resume"]]
+    if run.beside:
+        out += [run.beside["stream"], run.beside["prompt"]]
     return out
 
 
@@ -459,6 +500,18 @@ def model_report(model: str, control: ConfigRun, line: ConfigRun) -> dict:
         }
     errors = [f"control: {e}" for e in control.errors] + [f"line: {e}" for e in line.errors]
     errors += [e for e in (_effect_failed(n, a["effect"]) for n, a in adapters.items()) if e]
+    # A differing record that an adapter acted on is named after it: the lost-window resume is
+    # the request cone replays (its plan / copy lines), the idle resume the one thin kept.
+    acted = {"swa_cone": ([line.window["resume"].name] if line.window else [],
+                          adapters["swa_cone"]["effect"].get("plans", 0)),
+             "swa_thin": ([line.idle["resume"].name] if line.idle else [],
+                          adapters["swa_thin"]["effect"].get("idle_resume_cached_line", 0))}
+    for name, (records, evidence) in acted.items():
+        differ = [r for r in records if r in eq.mismatches]
+        if adapters[name]["enabled"] and evidence and differ:
+            errors.append(f"{name}: {', '.join(differ)} differs from the control's, and {name} "
+                          f"acted on it ({'plans' if name == 'swa_cone' else 'cached tokens'} "
+                          f"{evidence}); roll back with {name}'s key unset")
     not_installed = [n for n, a in adapters.items()
                      if a["enabled"] and not any(v for r, v in a["installed"].items()
                                                  if r.startswith(install_process(n)))]
@@ -475,6 +528,8 @@ def format_report(report: dict) -> str:
            f"{'OK' if report['ok'] else 'FAIL'} ({report['elapsed_s']:.0f}s)"]
     if report["ignored"]:
         out.append("ignored on CPU: " + "; ".join(f"{k} ({v})" for k, v in report["ignored"].items()))
+    if report.get("scaled"):
+        out.append("scaled to the CPU model: " + "; ".join(f"{k} ({v})" for k, v in report["scaled"].items()))
     for model, m in report["models"].items():
         eq = m["equality"]
         out.append(f"\n[{model}] T=0 equality {eq['equal']} of {eq['total']} (max logprob diff "
@@ -529,10 +584,15 @@ def main(args, run: Callable = run_config) -> int:
         print(f"[canary {time.monotonic() - began:5.0f}s] {msg}", file=sys.stderr, flush=True)
 
     report = {"profile": str(args.profile), "line": args.line, "against": args.against,
-              "ignored": ignored, "nodes": nodes, "models": {}}
+              "ignored": ignored, "scaled": {}, "nodes": nodes, "models": {}}
     for model in models:
         runs = {}
-        for label, k, a in (("control", control_keys, control_args), ("line", line_keys, line_args)):
+        model_line_keys, scaled = model_keys(model, line_keys)
+        model_control_keys, scaled_control = model_keys(model, control_keys)
+        report["scaled"].update(scaled)
+        report["scaled"].update({f"{k} (control)": v for k, v in scaled_control.items()})
+        for label, k, a in (("control", model_control_keys, control_args),
+                            ("line", model_line_keys, line_args)):
             step += 1
             extra = {} if not topology else {
                 "nodes": nodes, "extra_env": {AGREE_ENV: str(topology["agree_dir"] / f"{model}-{label}")}}

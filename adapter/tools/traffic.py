@@ -10,7 +10,11 @@ token for token:
   - `idle_session_resume`: (hybrid SWA) an idle session, sub-agent turns and new prompts, then
     the idle session's next turn;
   - `yield_cadence`: running streams' token rate while a long prompt prefills in chunks, over
-    their rate before it.
+    their rate before it;
+  - the tiny DeepSeek-V4 (`model="dsv4"`): `dsv4_window_resume`, `dsv4_idle_session_resume` (the
+    two scenarios above sized for its pools, DSV4_WINDOW / DSV4_IDLE) and
+    `decode_beside_chunked_prefill` (one stream decoding while a chunked prompt prefills: the
+    records to compare, and decode yield's decision line in the scheduler log).
 """
 from __future__ import annotations
 
@@ -51,9 +55,14 @@ def _record(name: str, prompt: list, response: dict) -> Record:
     return Record(name, len(prompt), ids, lps, int(response["meta_info"].get("cached_tokens", 0)))
 
 
-def equality_run(server: CpuServer, chunk: int, new_tokens: int = 16) -> list[Record]:
+def equality_run(server: CpuServer, chunk: int, new_tokens: int = 16,
+                 one_batch: bool = False) -> list[Record]:
     """The prompt set every configuration gets, in one fixed order. `chunk`: the server's
-    --chunked-prefill-size (the chunked prompt is 2.5 chunks long)."""
+    --chunked-prefill-size (the chunked prompt is 2.5 chunks long). one_batch: the four
+    concurrent prompts go as one /generate with a batch of input_ids, which the tokenizer manager
+    hands to the scheduler as one message (BatchTokenizedGenerateReqInput), so every boot admits
+    them in the same rounds; sent as four requests at once, their batching follows arrival times.
+    The tiny DeepSeek-V4 (bfloat16) needs it: its logprobs move with the batch's composition."""
     out = []
 
     def one(name, prompt):
@@ -68,8 +77,12 @@ def equality_run(server: CpuServer, chunk: int, new_tokens: int = 16) -> list[Re
     one("cache-hit", long)
     one("resume", long + first.ids + token_ids(13, 40))
     batch = [token_ids(20 + i, n) for i, n in enumerate((300, chunk * 3 // 4, chunk + 200, 60))]
-    with cf.ThreadPoolExecutor(len(batch)) as pool:
-        responses = list(pool.map(lambda p: server.generate(p, max_new_tokens=new_tokens), batch))
+    if one_batch:
+        responses = server.generate(batch, max_new_tokens=new_tokens)
+        assert isinstance(responses, list) and len(responses) == len(batch), responses
+    else:
+        with cf.ThreadPoolExecutor(len(batch)) as pool:
+            responses = list(pool.map(lambda p: server.generate(p, max_new_tokens=new_tokens), batch))
     out += [_record(f"concurrent-{i}", p, r) for i, (p, r) in enumerate(zip(batch, responses))]
     one("short-again", short)
     return out
@@ -108,14 +121,20 @@ def compare(reference: list[Record], other: list[Record], tol: float = LOGPROB_T
 # --- hybrid SWA: a resume point lost to SWA eviction --------------------------------------------
 
 def window_resume(server: CpuServer, doc_tokens: int = 1300, turn_tokens: int = 44,
-                  other_tokens: int = 500, others: int = 8, new_tokens: int = 16) -> dict:
+                  other_tokens: int = 500, others: int = 8, new_tokens: int = 16,
+                  one_batch: bool = False) -> dict:
     """Cache a document, evict its sliding window with concurrent traffic (its full KV stays),
-    resume it with a new turn. Needs a small SWA pool (--swa-full-tokens-ratio)."""
+    resume it with a new turn. Needs a small SWA pool (--swa-full-tokens-ratio). one_batch: the
+    traffic goes as one /generate with a batch of input_ids (one scheduler message, so every
+    boot admits it in the same rounds: equality_run says why) instead of 4 requests at a time."""
     doc = token_ids(31, doc_tokens)
     cold = _record("doc", doc, server.generate(doc, max_new_tokens=4))
     traffic = [token_ids(40 + i, other_tokens) for i in range(others)]
-    with cf.ThreadPoolExecutor(4) as pool:
-        list(pool.map(lambda p: server.generate(p, max_new_tokens=4), traffic))
+    if one_batch:
+        server.generate(traffic, max_new_tokens=4)
+    else:
+        with cf.ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda p: server.generate(p, max_new_tokens=4), traffic))
     prompt = doc + token_ids(32, turn_tokens)
     resume = _record("doc+turn", prompt, server.generate(prompt, max_new_tokens=new_tokens))
     return {"doc": cold, "resume": resume, "prompt_len": len(prompt)}
@@ -145,6 +164,102 @@ def idle_session_resume(server: CpuServer, session_tokens: int = 600, agents: in
     agent_cached = [int(server.generate(p, max_new_tokens=2)["meta_info"]["cached_tokens"]) for p in prompts]
     return {"session": first, "resume": resume, "session_tokens": session_tokens,
             "agent_resume_cached": agent_cached}
+
+
+# --- the tiny DeepSeek-V4 (model="dsv4"): the scenarios sized for its pools -----------------------
+# Its server (adapter/cpu/server.py MODEL_DEFAULT_ARGS): page 256, SWA window 128, full pool 8192
+# tokens, SWA pool 2048 (8 pages of 256). Every cached page keeps its SWA slots until SWA eviction
+# takes it, in LRU order (thin: passed checkpoints first); eviction of a leaf takes its full KV
+# page too. Every size below is the smallest that shows the effect. The scenarios work at the
+# server's 512-token chunks and at DSV4_CHUNK.
+#
+# DSV4_CHUNK: cone's first pass then holds the replay [s, F) and the resume's new tokens, so rows
+# >= F read the replay rows' pages (the copied latents / index keys) in that pass: the path cone's
+# copy serves, where a skipped copy changes the answer. With 512-token chunks (= N) the first
+# pass is exactly [s, F), and the engine's checkpoint after it repoints [s, F) of the request at
+# the resident pages (checkpoint_into_tree's insert dedup), so rows >= F never read the replay
+# rows' latents: measured, even DSV41_SWA_CONE_TEST_NO_COPY=1 then gives stock's answer.
+DSV4_CHUNK = 1024
+# Lost window (cone): a 1024-token document (4 pages: the smallest for a replay of N = 512, see
+# DSV4_CONE_TOKENS), then 4 260-token prompts in one batch (each holds 2 SWA pages while it runs):
+# SWA eviction takes the document's 4 pages (its last leaf with its full page), its full KV
+# [0, 768) stays. The resume (document + 40) then has F = 768: stock matches 0 and re-prefills
+# 1,064 tokens; cone replays [256, 768) and reuses 256.
+DSV4_WINDOW = dict(doc_tokens=1024, turn_tokens=40, other_tokens=260, others=4, new_tokens=10,
+                   one_batch=True)
+# Cone's N for this model: the first pass must cover the replay (N <= the chunk) and N must cover
+# the model's receptive cone (layers x 127 rows: 381 at 3 layers), so 512. The profile's 8192
+# exceeds every resume point this pool holds (F <= 8192): s = F - N clamps to 0, which is never
+# past the stock hit, and cone declines ("replay start F-N is not past the stock hit; stock match
+# kept"), changing nothing. A CPU run of the profile's cone keys on this model therefore sets
+# DSV41_SWA_CONE_TOKENS=512 (and says so).
+DSV4_CONE_TOKENS = 512
+# Idle session (thin): a 512-token session (2 SWA pages, the oldest), then one new 3072-token
+# prompt in chunks. Each chunk checkpoint keeps its window's 2 pages; the last pass's pages
+# overflow the 8 SWA pages by 3 (at DSV4_CHUNK). Stock LRU evicts the session's 2 pages first
+# (its last leaf with its full page): its resume re-prefills. Thin moved the prompt's passed
+# checkpoint (2 pages) to the evict-first end, so only the session's first page goes (a
+# tombstone: its last window, [256, 512), still holds SWA) and the session resumes in full.
+# Then the session + 40 tokens.
+DSV4_IDLE = dict(session_tokens=512, agents=0, new_prompts=1, new_tokens_each=3072)
+# Decode yield: one stream decoding while a 1030-token prompt prefills in chunks (1024 + 6 at
+# DSV4_CHUNK: one non-final chunk, one yield decision; 512 + 512 + 6 at 512: two).
+DSV4_YIELD_PROMPT = 1030
+
+
+def dsv4_window_resume(server: CpuServer) -> dict:
+    """window_resume sized for the tiny DeepSeek-V4 (DSV4_WINDOW)."""
+    return window_resume(server, **DSV4_WINDOW)
+
+
+def dsv4_idle_session_resume(server: CpuServer) -> dict:
+    """idle_session_resume sized for the tiny DeepSeek-V4 (DSV4_IDLE): no sub-agents; the new
+    prompt's own passed chunk checkpoints are what thin evicts first."""
+    return idle_session_resume(server, **DSV4_IDLE)
+
+
+def decode_beside_chunked_prefill(server: CpuServer, prompt_tokens: int = DSV4_YIELD_PROMPT,
+                                  stream_tokens: int = 48, started: int = 4,
+                                  timeout: float = 600) -> dict:
+    """One greedy stream (32-token prompt, `stream_tokens` new tokens, logprobs) decodes while a
+    `prompt_tokens` prompt (longer than one chunk) prefills in chunks with max_new_tokens 1, sent
+    once the stream has `started` tokens. Every decode batch holds the stream alone (the long
+    prompt finishes at its prefill), so both records are comparable across servers at T=0.
+    Returns {"stream": Record, "prompt": Record}; raises if the stream fails or ends first."""
+    stream_prompt = token_ids(60, 32)
+    last: dict = {}
+    seen: list = []
+    errors: list = []
+
+    def run() -> None:
+        payload = {"input_ids": stream_prompt, "return_logprob": True,
+                   "sampling_params": {"temperature": 0.0, "max_new_tokens": stream_tokens,
+                                       "ignore_eos": True}}
+        try:
+            for event in stream_events(server.url, payload, timeout=timeout):
+                last["event"] = event
+                seen.append(int(event["meta_info"]["completion_tokens"]))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not seen or seen[-1] < started:
+        if errors or not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"decode stream did not start: {errors or 'no tokens'}")
+        time.sleep(0.02)
+    long_prompt = token_ids(70, prompt_tokens)
+    prompt = _record("chunked-beside-stream", long_prompt,
+                     server.generate(long_prompt, max_new_tokens=1, timeout=timeout))
+    running_after = seen[-1] < stream_tokens
+    thread.join(timeout=timeout)
+    if errors or "event" not in last:
+        raise RuntimeError(f"decode stream failed: {errors}")
+    if not running_after:
+        raise RuntimeError("the stream finished before the chunked prompt did: raise stream_tokens")
+    return {"stream": _record("stream-beside-chunked", stream_prompt, last["event"]),
+            "prompt": prompt}
 
 
 # --- decode yield: stream cadence during a chunked prefill --------------------------------------

@@ -36,7 +36,7 @@ from adapter import keys as key_registry  # noqa: E402
 from adapter.tools import canary, profile  # noqa: E402
 
 PROFILE = REPO_ROOT / ".env.tp4.example"
-MODELS = ("dense", "swa")
+MODELS = ("dense", "dsv4")          # the swa (Mellum) model: the faults test's own boots only
 
 
 def _lines():
@@ -59,10 +59,13 @@ CONFIGS = {   # name -> (keys, args)
     **{a: (adapter_keys(a), PROD_ARGS) for a in ("decode_yield", "swa_thin", "swa_cone")},
     # autotune_keep alone is the control line (its only key): shared with the canary's control.
     "autotune_keep": (CTRL_KEYS, CTRL_ARGS),
+    # cone's negative control: the production line with a test-only switch that skips the copy of
+    # the resident latents / index keys (the replay rows keep stale ones): must differ.
+    "cone_no_copy": ({**PROD_KEYS, "DSV41_SWA_CONE_TEST_NO_COPY": "1"}, PROD_ARGS),
 }
 # Which adapter-alone configurations each model boots (T=0 equality with stock and the effects).
 ALONE = {"dense": ("decode_yield", "autotune_keep"),
-         "swa": ("swa_thin", "autotune_keep")}
+         "dsv4": ("autotune_keep", "cone_no_copy")}
 WATCH = "prometheus_client"
 
 
@@ -110,17 +113,19 @@ class Boots:
     def _extras(self, model, keys, args):
         """(args, extra_env, on_server, scenarios) this session adds to a configuration."""
         env, on_server, add = {"DSV41CPU_WATCH_IMPORTS": WATCH}, None, ()
-        if keys == PROD_KEYS:
+        if keys == canary.model_keys(model, PROD_KEYS)[0]:
             args, on_server = dict(args, **{"--enable-metrics": ""}), _production
-        elif model == "swa" and keys == adapter_keys("swa_thin") and self.tmp_dir is not None:
-            prom = self.tmp_dir / "prometheus-multiproc-swa-thin"
-            prom.mkdir(parents=True, exist_ok=True)
-            env["PROMETHEUS_MULTIPROC_DIR"] = str(prom)
-
-            def on_server(server, prom=prom):
-                return dict(_scrape(server), prometheus_dir=str(prom))
         elif model == "dense" and keys == adapter_keys("decode_yield"):
+            # + the calibration traffic; and the metrics-off boot: no flag, but a
+            # PROMETHEUS_MULTIPROC_DIR of the session's own (nothing exported, imported, written)
             add = ("calibration",)
+            if self.tmp_dir is not None:
+                prom = self.tmp_dir / "prometheus-multiproc-decode-yield"
+                prom.mkdir(parents=True, exist_ok=True)
+                env["PROMETHEUS_MULTIPROC_DIR"] = str(prom)
+
+                def on_server(server, prom=prom):
+                    return dict(_scrape(server), prometheus_dir=str(prom))
         return args, env, on_server, add
 
     def run(self, model, keys, args, progress=None, name="", scenarios=None):
@@ -129,7 +134,8 @@ class Boots:
             if scenarios is None:
                 # Stream cadence only where decode yield is on or for the control it is read
                 # against (the canary's report; the effects test's chunk boundaries).
-                cadence = (keys == CTRL_KEYS or "DSV41_DECODE_YIELD" in keys)
+                cadence = (keys == CTRL_KEYS or "DSV41_DECODE_YIELD" in keys or
+                           (model == "dsv4" and not keys))
                 scenarios = ("equality", "window", "idle") + (("cadence",) if cadence else ())
             run_args, env, on_server, add = self._extras(model, keys, args)
             self.boots[key] = self.boots.get(key, 0) + 1
@@ -142,7 +148,9 @@ class Boots:
         assert name in ("stock", "production") or name in ALONE[model], \
             f"{model} {name}: not booted in this session (tests/e2e/e2e_configs.py ALONE)"
         keys, args = CONFIGS[name]
-        return self.run(model, keys, args, name=f"{model} {name}")
+        scenarios = ("window",) if name == "cone_no_copy" else None     # its one scenario
+        return self.run(model, canary.model_keys(model, keys)[0], args, name=f"{model} {name}",
+                        scenarios=scenarios)
 
 
 def _progress(msg):

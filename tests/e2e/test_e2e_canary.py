@@ -1,5 +1,5 @@
-"""`dsv41 canary --profile .env.tp4.example --json` on both models (boots shared with the other
-e2e tests through `boots.run`)."""
+"""`dsv41 canary --profile .env.tp4.example --json` on its default models, dense and the tiny
+DeepSeek-V4 (boots shared with the other e2e tests through `boots.run`)."""
 import argparse
 import json
 
@@ -11,7 +11,7 @@ def test_canary_production_against_control_exits_0_with_the_figures(boots, capsy
     from adapter.tools import canary
 
     args = argparse.Namespace(profile=str(PROFILE), line="production", against="control",
-                              model="both", json=True, nodes=1)
+                              model=["dense", "dsv4"], json=True, nodes=1)
     code = canary.main(args, run=boots.run)
     out = capsys.readouterr().out
     report = json.loads(out)
@@ -19,7 +19,7 @@ def test_canary_production_against_control_exits_0_with_the_figures(boots, capsy
     assert report["ok"] is True
     assert {"profile", "line", "against", "ignored", "models", "elapsed_s"} <= set(report)
     assert "--tp-size 4" in report["ignored"] and "NCCL_IB_HCA" in report["ignored"]
-    for model in ("dense", "swa"):
+    for model in ("dense", "dsv4"):
         m = report["models"][model]
         assert m["ok"] and not m["errors"] and not m["not_installed"]
         assert m["equality"]["equal"] == m["equality"]["total"] > 0
@@ -27,13 +27,23 @@ def test_canary_production_against_control_exits_0_with_the_figures(boots, capsy
             a = m["adapters"][name]
             assert a["enabled"] and a["installed"][canary.install_process(name)], (model, name, a)
             assert set(a) >= {"installed", "receipts", "fallbacks", "equality", "effect"}
-    dense, swa = report["models"]["dense"]["adapters"], report["models"]["swa"]["adapters"]
+    dense, dsv4 = report["models"]["dense"]["adapters"], report["models"]["dsv4"]["adapters"]
     # decode yield acted (its receipt lines); the cadences are reported, not ordered: time
     # ratios across boots of a 2-core machine belong to benchmarks, not to a test
     assert dense["decode_yield"]["effect"]["yield_lines"] > 0
     assert dense["decode_yield"]["effect"]["long_prompt_completed"]
-    assert swa["swa_thin"]["effect"]["idle_resume_cached_line"] > swa["swa_thin"]["effect"]["idle_resume_cached_control"]
-    assert swa["swa_cone"]["effect"]["plans"] == 0 and swa["swa_cone"]["fallbacks"]
+    # DeepSeek-V4: swan served decode calls in place (CPU twin), cone replayed a lost window,
+    # thin kept the idle session, decode yield decided during the chunked prefill
+    assert report["scaled"] and any(k.startswith("DSV41_SWA_CONE_TOKENS") for k in report["scaled"])
+    assert dsv4["swan"]["effect"]["served"] > 0 and dsv4["swan"]["effect"]["kernel"] == "CPU twin"
+    assert dsv4["swan"]["effect"]["selfcheck"]["verified"] > 0
+    assert dsv4["swan"]["effect"]["selfcheck"]["failed"] == 0
+    cone = dsv4["swa_cone"]["effect"]
+    assert cone["plans"] > 0 and cone["copies"] > 0
+    assert cone["lost_window_resume_cached_line"] > cone["lost_window_resume_cached_control"]
+    thin = dsv4["swa_thin"]["effect"]
+    assert thin["idle_resume_cached_line"] > thin["idle_resume_cached_control"]
+    assert dsv4["decode_yield"]["effect"]["decision_lines"] > 0
 
 
 def test_canary_bad_profile_line_is_a_clear_error(capsys):

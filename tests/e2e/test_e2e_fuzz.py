@@ -31,6 +31,7 @@ import collections
 import contextlib
 import dataclasses
 import json
+import os
 import pathlib
 import time
 
@@ -61,6 +62,9 @@ DEATH_WAIT_S = 3.0          # after no answer: how long a dying server gets to s
                             # answer); a 5xx answered by the launcher gets HANDLED_WAIT_S
 HANDLED_WAIT_S = 0.5
 STOCK_S = 40.0              # the stock replay, its boots included (no new boot after this)
+# The stock replay costs 1-2 boots and is reported, not asserted: run by DSV41_FUZZ_STOCK=1
+# (the suite's time budget, README); without it the report says it was not run.
+STOCK_REPLAY = os.environ.get("DSV41_FUZZ_STOCK") == "1"
 STOCK_BOOTS = 2             # boots for the replay; one more for the admin request if stock is dead
 ADMIN = "/dump_expert_distribution_record"
 SCHED_ERRORS = ("Scheduler hit an exception", "Traceback (most recent call last)")
@@ -293,7 +297,9 @@ def runs(tmp_path_factory):
           "production": s.status, "answer": s.text[:300], "seconds": round(s.seconds, 3)}
          for s in out["sent"]], indent=1))
     # stock: the bodies production got, in order (the one that killed production included)
-    out["stock"] = replay_on_stock([s.key for s in out["sent"]], tmp)
+    out["stock"] = (replay_on_stock([s.key for s in out["sent"]], tmp) if STOCK_REPLAY else
+                    {"admin": None, "boot_error": None, "boots": 0, "sent": [], "deaths": [],
+                     "seconds": 0.0, "skipped": True})
     return out
 
 
@@ -303,15 +309,19 @@ def _report(runs) -> list[str]:
     deaths = stock["deaths"]
     lines = [f"fuzz: production {'alive' if runs['healthy'] else 'DEAD'} after {len(sent)} requests "
              f"over {len(routes)} routes; "
-             + (f"stock died on {len(deaths)} distinct bodies" if deaths else "stock survived")]
+             + ("stock not replayed" if stock.get("skipped") else
+                f"stock died on {len(deaths)} distinct bodies" if deaths else "stock survived")]
     if stock["admin"] is None:
         admin = "not sent (no live stock boot)"
     else:
         s, died, exc = stock["admin"]
         admin = f"{s.status}, stock {'died: ' + exc if died else 'alive'}"
-    lines.append(f"fuzz: stock replayed {len(stock['sent'])} distinct bodies of {len({s.key for s in sent})} "
-                 f"on {stock['boots']} boots in {stock['seconds']:.0f} s; then POST {ADMIN} (no body): "
-                 f"{admin}" + (f"; stock boot failed: {stock['boot_error']}" if stock["boot_error"] else ""))
+    if stock.get("skipped"):
+        lines.append("fuzz: stock replay not run (DSV41_FUZZ_STOCK=1 runs it: 1-2 more boots)")
+    else:
+        lines.append(f"fuzz: stock replayed {len(stock['sent'])} distinct bodies of {len({s.key for s in sent})} "
+                     f"on {stock['boots']} boots in {stock['seconds']:.0f} s; then POST {ADMIN} (no body): "
+                     f"{admin}" + (f"; stock boot failed: {stock['boot_error']}" if stock["boot_error"] else ""))
     statuses = collections.Counter(str(s.status) + (" cut" if s.cut else "") for s in sent)
     lines.append(f"fuzz: production answers {dict(sorted(statuses.items()))} in {runs['fuzz_s']:.0f} s; "
                  f"bodies: {runs['tmp'] / 'bodies.json'}")
