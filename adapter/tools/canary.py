@@ -158,30 +158,26 @@ class ConfigRun:
         tag = f"[dsv41] {adapter} "
         return [ln[ln.index(tag):] for ln in self.lines(role_prefix) if tag in ln]
 
-    def metric(self, name: str, **labels) -> Optional[float]:
-        """Sum of a series' samples on the scraped /metrics whose labels include `labels`
-        (prometheus_client's own text parser); None when the boot was not scraped or the series
-        is absent."""
+    def samples(self, name: str, **labels) -> list:
+        """The samples of a series on the scraped /metrics whose labels include `labels`
+        (prometheus_client's own text parser); [] when the boot was not scraped."""
         if not self.metrics:
-            return None
+            return []
         from prometheus_client.parser import text_string_to_metric_families
 
-        found = [s.value for family in text_string_to_metric_families(self.metrics)
-                 for s in family.samples
-                 if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
-        return sum(found) if found else None
+        return [s for family in text_string_to_metric_families(self.metrics) for s in family.samples
+                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+
+    def metric(self, name: str, **labels) -> Optional[float]:
+        """Sum of a series' samples (samples()); None when not scraped or the series is absent."""
+        found = self.samples(name, **labels)
+        return sum(s.value for s in found) if found else None
 
     def metric_labels(self, name: str, label: str, **labels) -> dict:
         """{value of `label`: summed samples} of a series (e.g. fallbacks by reason)."""
-        if not self.metrics:
-            return {}
-        from prometheus_client.parser import text_string_to_metric_families
-
         out: dict = {}
-        for family in text_string_to_metric_families(self.metrics):
-            for s in family.samples:
-                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                    out[s.labels.get(label)] = out.get(s.labels.get(label), 0) + s.value
+        for s in self.samples(name, **labels):
+            out[s.labels.get(label)] = out.get(s.labels.get(label), 0) + s.value
         return out
 
     def installed_in(self, adapter: str) -> dict[str, bool]:

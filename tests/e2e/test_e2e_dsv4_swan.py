@@ -33,18 +33,6 @@ def runs(boots):
     return {"stock": boots.config("dsv4", "stock"), "swan": boots.config("dsv4", "production")}
 
 
-def _samples(text: str, name: str, **labels) -> list:
-    """The samples of a series on a /metrics text whose labels include `labels`."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return [s for family in text_string_to_metric_families(text) for s in family.samples
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
-
-
-def _metric(text: str, name: str, **labels) -> float:
-    return sum(s.value for s in _samples(text, name, **labels))
-
-
 def _splits(lines, path):
     return [ln[ln.index(SPLIT):] for ln in lines if SPLIT + path + "," in ln]
 
@@ -61,14 +49,14 @@ def test_swan_installs_with_the_cpu_twin_and_serves_decode_calls(runs):
     assert "engine SM120 backend flashinfer" in installed[0]
     served = [m for ln in swan for m in [SERVED_LINE.search(ln)] if m]
     assert len(served) == 1 and 1 <= int(served[0].group(1)) <= 64, served
-    text = runs["swan"].metrics
-    count = _metric(text, "dsv41_swan_served_total", tp_rank="0")
+    run = runs["swan"]
+    count = run.metric("dsv41_swan_served_total", tp_rank="0")
     # every decode step of every layer is a served call: the short prompt alone decodes 15 steps
     assert count >= LAYERS * (NEW_TOKENS - 1), count
-    fallbacks = {s.labels["reason"] for s in _samples(text, "dsv41_fallbacks_total", adapter="swan")}
-    assert fallbacks == {PREFILL_REASON}, fallbacks
+    fallbacks = run.metric_labels("dsv41_fallbacks_total", "reason", adapter="swan")
+    assert set(fallbacks) == {PREFILL_REASON}, fallbacks
     print(f"\nswan: {count:.0f} calls served in place, "
-          f"{_metric(text, 'dsv41_fallbacks_total', adapter='swan'):.0f} prefill calls split")
+          f"{run.metric('dsv41_fallbacks_total', adapter='swan'):.0f} prefill calls split")
 
 
 def test_decode_calls_split_in_stock_and_not_with_swan(runs):
@@ -78,11 +66,11 @@ def test_decode_calls_split_in_stock_and_not_with_swan(runs):
     decode shapes whose split is logged (once per row count) are at most the keys verified."""
     stock, swan = runs["stock"].lines("sglang::scheduler"), runs["swan"].lines("sglang::scheduler")
     assert _splits(stock, "decode"), "the stock boot logged no page split of a decode call"
-    text = runs["swan"].metrics
-    fallbacks = {s.labels["reason"] for s in _samples(text, "dsv41_fallbacks_total", adapter="swan")}
-    assert fallbacks == {PREFILL_REASON}, fallbacks
-    verified = _metric(text, "dsv41_swan_selfcheck_verified_total", tp_rank="0")
-    assert _metric(text, "dsv41_swan_selfcheck_failed_total", tp_rank="0") == 0
+    run = runs["swan"]
+    fallbacks = run.metric_labels("dsv41_fallbacks_total", "reason", adapter="swan")
+    assert set(fallbacks) == {PREFILL_REASON}, fallbacks
+    verified = run.metric("dsv41_swan_selfcheck_verified_total", tp_rank="0")
+    assert run.metric("dsv41_swan_selfcheck_failed_total", tp_rank="0") == 0
     assert len(_splits(swan, "decode")) <= verified, (_splits(swan, "decode"), verified)
     print(f"\nswan self-check: {verified:.0f} decode keys verified bit-identical to the stock split")
     # prefill rows keep the stock split in both boots
