@@ -58,12 +58,14 @@ GOAL_THROUGHPUT = 0.98          # line / stock, short traffic
 GOAL_SHORT_TTFT = 1.03          # line / stock, short traffic TTFT p50
 
 
-def lines(profile_path, yield_model=None):
+def lines(profile_path, yield_model=None, model="swa"):
+    """stock and line keys / args; the line's keys scaled to the CPU model as the canary scales
+    them (canary.model_keys: cone's N on dsv4)."""
     from adapter.tools import canary, profile
 
     prod_keys, prod_args, _ = canary.split_line(profile.load_line(profile_path, "production"))
     _, ctrl_args, _ = canary.split_line(profile.load_line(profile_path, "control"))
-    line_keys = dict(prod_keys)
+    line_keys = dict(canary.model_keys(model, prod_keys)[0])
     if yield_model:
         line_keys["DSV41_DECODE_YIELD_MODEL"] = yield_model
     return {"stock": {"keys": {}, "args": dict(ctrl_args)}, "line": {"keys": line_keys, "args": dict(prod_args)}}
@@ -404,7 +406,7 @@ def main(argv=None) -> int:
     def say(msg):
         print(f"[agent-traffic {time.monotonic() - began:5.0f}s] {msg}", file=sys.stderr, flush=True)
 
-    spec = lines(args.profile, args.yield_model)
+    spec = lines(args.profile, args.yield_model, args.cpu_model)
     say(f"trace: {args.cpu_model} / {args.scale}, seed {args.seed} -> {run_dir / 'trace'}")
     trace = at.write_trace(run_dir / "trace", args.cpu_model, args.scale, args.seed)
     at.client_module()          # the client's imports once, before the first boot

@@ -286,3 +286,86 @@ def test_a_pair_that_disagrees_misses_the_goal():
     # pooled 2.0 / 0.5 = x4, pairs x10 and x2.5: missed
     assert goals["resume-ttft"]["met"] is False and "pairs [10, 2.5]" in goals["resume-ttft"]["text"]
     assert "line 300%" in goals["resume-ttft"]["text"]
+
+
+def _canned_agent_report(equal, total):
+    two = {"control_s": 1.0, "line_s": 0.5}
+    return {"ok": equal == total > 0, "outputs": {"equal": equal, "total": total},
+            "resume_ttft_p50": two, "resume_cached_fraction": {"control": 0.0, "line": 0.97},
+            "stream_itl_p50": two, "stream_itl_p99": two, "stream_rate_ratio": {"control": 0.1, "line": 0.5},
+            "long_ttft": {"line_over_control": 1.2}, "short_throughput": {"line_over_control": 1.0},
+            "short_ttft_p50": {"line_over_control": 1.0}}
+
+
+@pytest.mark.parametrize("equal", [3, 2])
+def test_canary_traffic_agent_runs_the_workload_on_both_boots_of_a_windowed_model(monkeypatch, tmp_path,
+                                                                                  capsys, equal):
+    """`dsv41 canary --traffic agent`: each model with a canary scale gets the workload's launch
+    args and on_server on both its boots, and its rows in models.<m>.agent_traffic; a model
+    without one (dense) is reported as skipped; outputs that differ fail the model's report."""
+    from adapter.tools import canary, cli
+
+    calls = []
+
+    def on_server(server):
+        return {}
+
+    monkeypatch.setattr(at, "canary_setup", lambda model, workdir: ({"--agent-arg": model}, on_server))
+    monkeypatch.setattr(at, "canary_report", lambda control, line: _canned_agent_report(equal, 3))
+
+    def fake_run(model, keys, args, progress=None, name="", **extra):
+        calls.append((model, dict(args), extra.get("on_server")))
+        return canary.ConfigRun(model, dict(keys), dict(args))
+
+    profile = REPO_ROOT / ".env.tp4.example"
+    args = cli.build_parser().parse_args(["canary", "--profile", str(profile), "--cpu-model", "dense,swa",
+                                          "--traffic", "agent", "--json"])
+    canary.main(args, run=fake_run)
+    report = json.loads(capsys.readouterr().out)
+    assert report["traffic"] == "agent"
+    assert [(m, a.get("--agent-arg"), s is on_server) for m, a, s in calls] == \
+        [("dense", None, False), ("dense", None, False), ("swa", "swa", True), ("swa", "swa", True)]
+    assert "skipped" in report["models"]["dense"]["agent_traffic"]
+    swa = report["models"]["swa"]
+    assert swa["agent_traffic"]["outputs"] == {"equal": equal, "total": 3}
+    agent_errors = [e for e in swa["errors"] if e.startswith("agent traffic")]
+    assert bool(agent_errors) == (equal != 3)
+    # the table carries the rows
+    args.json = False
+    calls.clear()
+    canary.main(args, run=fake_run)
+    table = capsys.readouterr().out
+    assert "agent traffic (sglang.bench_serving): resumed-turn TTFT p50" in table
+    assert f"T=0 output ids of the conversations' turns {equal} of 3" in table
+
+
+def test_canary_without_traffic_agent_runs_no_workload(monkeypatch, capsys):
+    from adapter.tools import canary, cli
+
+    monkeypatch.setattr(at, "canary_setup", lambda *a: pytest.fail("the workload ran without --traffic agent"))
+    seen = []
+
+    def fake_run(model, keys, args, progress=None, name="", **extra):
+        seen.append(extra)
+        return canary.ConfigRun(model, dict(keys), dict(args))
+
+    args = cli.build_parser().parse_args(["canary", "--profile", str(REPO_ROOT / ".env.tp4.example"),
+                                          "--cpu-model", "swa", "--json"])
+    canary.main(args, run=fake_run)
+    report = json.loads(capsys.readouterr().out)
+    assert report["traffic"] == "canary" and seen == [{}, {}]
+    assert "agent_traffic" not in report["models"]["swa"]
+
+
+def test_every_canary_scale_keeps_the_canarys_own_pools():
+    """The canary's own scenarios are sized for its pools (canary.MODEL_ARGS, the harness's
+    defaults): a canary-scale workload must not change them."""
+    from adapter.cpu import server
+    from adapter.tools import canary
+
+    for (model, scale), sc in at.SCALES.items():
+        if scale != "canary":
+            continue
+        base = {**server.DEFAULT_ARGS, **server.MODEL_DEFAULT_ARGS.get(model, {}), **canary.MODEL_ARGS[model]}
+        for flag, value in sc.server_args().items():
+            assert base.get(flag) == value, (model, flag, value, base.get(flag))

@@ -148,7 +148,43 @@ SCALES = {
         stream_blocks=1, stream_output=300, streams=2, long_blocks=8, long_at_ms=1000,
         long_output=2,
         short_prompts=16, short_input=128, short_output=16, short_concurrency=4),
+    # The tiny DeepSeek-V4 (window 128, page 256, 8K context; the engine's DeepSeek-V4 pool, its
+    # c4 / c128 compressed caches, cone's forward side): bench/agent_traffic.py --cpu-model dsv4.
+    # Full pool 32,768 tokens (every session's full KV stays resident), SWA pool 12.5 % (16 pages
+    # of 256), chunks of 1,024 (the canary's for dsv4). Sessions of ~4,700 tokens (18 pages; the
+    # model's context is 8K), sub-agents and other users' prompts between their turns take the
+    # SWA pages of the sessions' last windows on stock.
+    ("dsv4", "bench"): Scale(
+        server=(("--max-total-tokens", "32768"), ("--swa-full-tokens-ratio", "0.125"),
+                ("--chunked-prefill-size", "1024")),
+        sessions=3, session_system=4200, session_first=200, session_turns=3, session_user=100,
+        turn_output=16, agent_concurrency=3,
+        subagents=4, subagent_first=400, subagent_turns=3, subagent_user=120,
+        users=((0, 6, 2), (1500, 6, 2)), user_output=4,
+        resume_user=60, resume_turns=2,
+        stream_blocks=1, stream_output=200, streams=2, long_blocks=8, long_at_ms=1500,
+        long_output=2,
+        short_prompts=32, short_input=256, short_output=32, short_concurrency=4),
+    # `dsv41 canary --traffic agent` on dsv4: the canary's own dsv4 pools (full 8,192, SWA 2,048 =
+    # 8 pages, chunks of 1,024: canary.MODEL_ARGS / adapter/cpu/server.py), everything smaller.
+    ("dsv4", "canary"): Scale(
+        server=(("--max-total-tokens", "8192"), ("--swa-full-tokens-ratio", "0.25"),
+                ("--chunked-prefill-size", "1024")),
+        sessions=2, session_system=1000, session_first=100, session_turns=2, session_user=80,
+        turn_output=8, agent_concurrency=2,
+        subagents=2, subagent_first=300, subagent_turns=2, subagent_user=100,
+        users=((0, 3, 0),), user_output=4,
+        resume_user=40, resume_turns=1,
+        stream_blocks=1, stream_output=300, streams=2, long_blocks=4, long_at_ms=3000,
+        long_output=2,
+        short_prompts=8, short_input=128, short_output=16, short_concurrency=4),
 }
+# The SWA window of each CPU model, for the reports.
+WINDOW = {"swa": "32 tokens (Mellum sliding_window), page 1",
+          "dsv4": "128 tokens, page 256 (the tiny DeepSeek-V4: as the cluster's)"}
+# Models whose chat route renders with the engine's own encoder (serving_chat: DeepseekV4
+# architectures -> chat encoding spec "dsv4", deepseek-recipe's), not a --chat-template.
+OWN_CHAT_ENCODING = ("dsv4",)
 
 
 def scale_of(model: str, scale: str) -> Scale:
@@ -168,7 +204,7 @@ def scaling_table(model: str, scale: str) -> list[dict]:
     return [
         {"what": "idle session (context when it goes idle)", "cpu": f"~{session} tokens x {sc.sessions}",
          "cluster": CLUSTER_SIZES["session"]},
-        {"what": "SWA window", "cpu": "32 tokens (Mellum sliding_window), page 1", "cluster": CLUSTER_SIZES["window"]},
+        {"what": "SWA window", "cpu": WINDOW.get(model, "none"), "cluster": CLUSTER_SIZES["window"]},
         {"what": "prefill chunk", "cpu": f"{args['--chunked-prefill-size']} tokens", "cluster": CLUSTER_SIZES["chunk"]},
         {"what": "full KV pool", "cpu": f"{args['--max-total-tokens']} tokens", "cluster": CLUSTER_SIZES["full_pool"]},
         {"what": "SWA pool", "cpu": f"{args['--swa-full-tokens-ratio']} of the full pool (both lines: an operator "
@@ -184,14 +220,18 @@ def scaling_table(model: str, scale: str) -> list[dict]:
 
 def server_args(model: str, scale: str, workdir) -> dict:
     """Launch args this workload needs on both lines: the scale's pools and chunk, a chat template
-    (written into `workdir`), the engine's request log at level 3 as JSON (each finished
+    (written into `workdir`; not for dsv4, whose chat route uses the engine's own DeepSeek
+    encoder), the engine's request log at level 3 as JSON (each finished
     request's prompt ids and output ids: the T=0 comparison)."""
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    template = workdir / "chat_template.jinja"
-    template.write_text(CHAT_TEMPLATE)
-    return {**scale_of(model, scale).server_args(), "--chat-template": str(template),
+    args = {**scale_of(model, scale).server_args(),
             "--log-requests": "", "--log-requests-level": "3", "--log-requests-format": "json"}
+    if model not in OWN_CHAT_ENCODING:
+        template = workdir / "chat_template.jinja"
+        template.write_text(CHAT_TEMPLATE)
+        args["--chat-template"] = str(template)
+    return args
 
 
 # --- the trace, in the client's formats ----------------------------------------------------------
@@ -753,6 +793,7 @@ def compare(control: dict, line: dict) -> dict:
 # --decode-log-interval 40).
 CALIBRATION = {"swa": {"prompts": (6144, 5120), "decode": ((1, 32), (2, 32), (4, 32), (2, 3072)),
                        "new_tokens": 200}}
+CALIBRATION["dsv4"] = CALIBRATION["swa"]       # within the tiny DeepSeek-V4's 8K context
 
 
 def scheduler_log(server) -> pathlib.Path:

@@ -544,6 +544,12 @@ def format_report(report: dict) -> str:
             out.append(f"  ERROR {e}")
         if eq["mismatches"]:
             out.append(f"  outputs differ: {', '.join(eq['mismatches'])}")
+        if "agent_traffic" in m:
+            from adapter.tools import agent_traffic
+
+            at = m["agent_traffic"]
+            out += [f"  {ln}" for ln in ([f"agent traffic: {at['skipped']}"] if "skipped" in at
+                                         else agent_traffic.canary_lines(at))]
     return "\n".join(out)
 
 
@@ -579,10 +585,13 @@ def main(args, run: Callable = run_config) -> int:
     def progress(msg: str) -> None:
         print(f"[canary {time.monotonic() - began:5.0f}s] {msg}", file=sys.stderr, flush=True)
 
+    traffic_kind = getattr(args, "traffic", "canary") or "canary"
     report = {"profile": str(args.profile), "line": args.line, "against": args.against,
-              "ignored": ignored, "scaled": {}, "nodes": nodes, "models": {}}
+              "ignored": ignored, "scaled": {}, "nodes": nodes, "traffic": traffic_kind, "models": {}}
+    agent_dir = pathlib.Path(tempfile.mkdtemp(prefix="dsv41-canary-agent-")) if traffic_kind == "agent" else None
     for model in models:
         runs = {}
+        agent = agent_plan(model, agent_dir) if agent_dir is not None else None
         model_line_keys, scaled = model_keys(model, line_keys)
         model_control_keys, scaled_control = model_keys(model, control_keys)
         report["scaled"].update(scaled)
@@ -592,14 +601,53 @@ def main(args, run: Callable = run_config) -> int:
             step += 1
             extra = {} if not topology else {
                 "nodes": nodes, "extra_env": {AGREE_ENV: str(topology["agree_dir"] / f"{model}-{label}")}}
+            if agent and agent.get("on_server"):
+                # the same launch args on both boots; the workload runs after the canary's traffic
+                a = dict(a, **agent["args"])
+                extra["on_server"] = agent["on_server"]
             runs[label] = run(model, k, a, progress=progress,
                               name=f"{step}/{phases} {model} {label if label == 'control' else args.line}",
                               **extra)
         report["models"][model] = model_report(model, runs["control"], runs["line"])
+        if agent is not None:
+            add_agent_report(report["models"][model], agent, runs["control"], runs["line"])
     report["ok"] = all(m["ok"] for m in report["models"].values())
     report["elapsed_s"] = round(time.monotonic() - began, 1)
     print(json.dumps(report, indent=2, default=str) if args.json else format_report(report))
     return exit_code(report)
+
+
+def agent_plan(model: str, workdir: pathlib.Path) -> dict:
+    """`--traffic agent`: {"args", "on_server"} of adapter/tools/agent_traffic.canary_setup for a
+    model with a canary-sized agent workload; {"skipped": why} for one without (the dense model:
+    no sliding window, nothing for thin or cone to act on)."""
+    from adapter.tools import agent_traffic
+
+    if (model, "canary") not in agent_traffic.SCALES:
+        have = ", ".join(m for m, s in agent_traffic.SCALES if s == "canary")
+        return {"skipped": f"not run on the {model} model (no sliding window for thin or cone to act "
+                           f"on; the workload runs on {have})"}
+    args, on_server = agent_traffic.canary_setup(model, workdir / model)
+    return {"args": args, "on_server": on_server}
+
+
+def add_agent_report(model_rep: dict, agent: dict, control: ConfigRun, line: ConfigRun) -> None:
+    """models.<model>.agent_traffic: the workload's rows line vs control (agent_traffic.
+    canary_report); its T=0 output ids must agree (else the model's report fails)."""
+    from adapter.tools import agent_traffic
+
+    if "skipped" in agent:
+        model_rep["agent_traffic"] = {"ok": True, "skipped": agent["skipped"]}
+        return
+    rep = agent_traffic.canary_report(control, line)
+    model_rep["agent_traffic"] = rep
+    if not rep.get("ok"):
+        out = rep.get("outputs") or {}
+        model_rep["errors"].append(
+            f"agent traffic: {rep['error']}" if "error" in rep else
+            f"agent traffic: T=0 output ids of the conversations' turns equal on {out.get('equal')} "
+            f"of {out.get('total')} prompts")
+        model_rep["ok"] = False
 
 
 def exit_code(report: dict) -> int:

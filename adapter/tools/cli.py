@@ -192,6 +192,13 @@ def build_parser() -> argparse.ArgumentParser:
     cn.add_argument("--nodes", type=int, default=1, metavar="N",
                     help="boot both lines as the cluster's topology on this machine: --tp-size N "
                          "over N launch processes (--nnodes N on 127.0.0.1) (default 1)")
+    cn.add_argument("--traffic", choices=["canary", "agent"], default="canary",
+                    help="canary: the canary's own scenarios (default); agent: those, then an "
+                         "agent workload replayed by the engine's own benchmark client "
+                         "(sglang.bench_serving: multi-turn sessions, sub-agents, other users' long "
+                         "prompts, resumed turns, streams beside a long prefill; smaller than "
+                         "bench/agent_traffic.py) on both boots of each model that has a sliding "
+                         "window (swa, dsv4); adds its rows to the table (docs/performance.md)")
     cn.add_argument("--json", action="store_true", help="print the report as JSON")
     cn.set_defaults(func=cmd_canary)
     cal = sub.add_parser("calibrate", help="fit decode yield's cost model to an engine's own "

@@ -43,3 +43,5 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(
         f"e2e: {len(ok)} server boots, {sum(ok):.0f} s booting"
         + (f" (+{len(failing)} boots that fail on purpose or failed, {sum(failing):.0f} s)" if failing else ""))
+    terminalreporter.write_line("e2e boots: " + ", ".join(
+        f"{name} {s:.0f}s" + (" (failing)" if kind == "failing" else "") for name, s, kind in _BOOTS))
