@@ -162,7 +162,7 @@ SCALES = {
         subagents=4, subagent_first=400, subagent_turns=3, subagent_user=120,
         users=((0, 6, 2), (1500, 6, 2)), user_output=4,
         resume_user=60, resume_turns=2,
-        stream_blocks=1, stream_output=200, streams=2, long_blocks=8, long_at_ms=1500,
+        stream_blocks=1, stream_output=200, streams=2, long_blocks=8, long_at_ms=5000,
         long_output=2,
         short_prompts=32, short_input=256, short_output=32, short_concurrency=4),
     # `dsv41 canary --traffic agent` on dsv4: the canary's own dsv4 pools (full 8,192, SWA 2,048 =

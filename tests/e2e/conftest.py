@@ -1,6 +1,13 @@
 """Session fixtures of the e2e tests: `boots` (tests/e2e/e2e_configs.py), one boot per
 configuration; and the boot count, printed at the end of the session:
-`e2e: N server boots, M s booting` (+ the short boots that test a refusal or a bad key)."""
+`e2e: N server boots, M s booting` (+ the short boots that test a refusal or a bad key).
+
+Two servers at a time at most: the modules that boot servers of their own run first (OWN_BOOTS_
+FIRST), one after the other, while a background lane boots the shared configurations that the
+selected modules read (their SHARED_BOOTS), one after the other (Boots.prefetch), then the boots
+of the modules that hand theirs to it (LANE_JOBS); the modules that only read shared runs come
+last. A run on this machine leaves about one core idle with one server
+at a time (17 CPU-min in a 20-min e2e run)."""
 import time
 
 import pytest
@@ -9,11 +16,41 @@ from adapter.cpu.server import CpuServer
 from e2e.e2e_configs import Boots
 
 _BOOTS: list = []       # (server name, seconds, kind): kind "server" | "failing"
+# Modules that boot their own servers, in the order they run (before every other module).
+OWN_BOOTS_FIRST = ("test_e2e_gate", "test_e2e_faults", "test_e2e_fuzz", "test_e2e_tp2",
+                   "test_e2e_calibrate", "test_e2e_server", "test_e2e_dsv4_swan_selfcheck")
+# The order the lane boots shared configurations in (those some selected module reads).
+LANE_ORDER = (("dense", "stock"), ("dense", "decode_yield"), ("dense", "production"),
+              ("dense", "autotune_keep"), ("dsv4", "stock"), ("dsv4", "production"),
+              ("dsv4", "autotune_keep"), ("dsv4", "cone_no_copy"), ("dense", "stock_again"))
 
 
-@pytest.fixture(scope="session")
-def boots(tmp_path_factory):
-    return Boots(tmp_path_factory.mktemp("e2e-boots"))
+def pytest_collection_modifyitems(session, config, items):
+    def rank(item):
+        name = item.module.__name__.rsplit(".", 1)[-1]
+        return OWN_BOOTS_FIRST.index(name) if name in OWN_BOOTS_FIRST else len(OWN_BOOTS_FIRST)
+
+    items.sort(key=rank)            # stable: each module keeps its own order
+    wanted = {tuple(b) for item in items for b in getattr(item.module, "SHARED_BOOTS", ())}
+    unknown = wanted - set(LANE_ORDER)
+    assert not unknown, f"SHARED_BOOTS not in conftest.LANE_ORDER: {sorted(unknown)}"
+    config._dsv41_lane = [b for b in LANE_ORDER if b in wanted]
+    # then the modules' own boots that may run in the lane (LANE_JOBS: {name: callable}), in the
+    # main thread's order: the main thread runs one itself if the lane has not started it
+    jobs = {}
+    for item in items:
+        jobs.update(getattr(item.module, "LANE_JOBS", {}))
+    config._dsv41_jobs = list(jobs.items())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def boots(request, tmp_path_factory, _count_boots):
+    shared = Boots(tmp_path_factory.mktemp("e2e-boots"))
+    shared.prefetch(getattr(request.config, "_dsv41_lane", ()))
+    for name, fn in getattr(request.config, "_dsv41_jobs", ()):
+        shared.submit_job(name, fn)
+    yield shared
+    shared.close()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -25,9 +25,11 @@ Configurations come from the production profile (.env.tp4.example): stock = no D
 the control line's CPU launch args; "each adapter on" = that adapter's keys from the production
 line with the production line's CPU launch args; production = the whole line.
 """
+import concurrent.futures
 import functools
 import pathlib
 import sys
+import threading
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
@@ -62,9 +64,13 @@ CONFIGS = {   # name -> (keys, args)
     # cone's negative control: the production line with a test-only switch that skips the copy of
     # the resident latents / index keys (the replay rows keep stale ones): must differ.
     "cone_no_copy": ({**PROD_KEYS, "DSV41_SWA_CONE_TEST_NO_COPY": "1"}, PROD_ARGS),
+    # a second stock boot with another engine seed (the equality set only): the noise floor
+    # (tests/e2e/test_e2e_server.py test_two_stock_boots_are_identical)
+    "stock_again": ({}, {**CTRL_ARGS, "--random-seed": "7"}),
 }
+SCENARIOS = {"cone_no_copy": ("window",), "stock_again": ("equality",)}   # else the default set
 # Which adapter-alone configurations each model boots (T=0 equality with stock and the effects).
-ALONE = {"dense": ("decode_yield", "autotune_keep"),
+ALONE = {"dense": ("decode_yield", "autotune_keep", "stock_again"),
          "dsv4": ("autotune_keep", "cone_no_copy")}
 WATCH = "prometheus_client"
 
@@ -105,10 +111,52 @@ def _scrape(server) -> dict:
 
 
 class Boots:
+    """The session's shared runs, by configuration key. `prefetch(wanted)` boots the listed
+    configurations one at a time in a background lane (one thread, one server at a time) while
+    the tests run in the main thread, most of them booting servers of their own (tests/e2e/
+    conftest.py orders them so): two servers at once at most. A test that needs a configuration
+    waits for the lane's run of it, or runs it itself when the lane has not started it."""
+
     def __init__(self, tmp_dir=None):
         self.runs = {}
         self.boots = {}
         self.tmp_dir = tmp_dir
+        self._lock = threading.Lock()
+        self._queued = {}            # key -> Future of the lane's run
+        self._lane = None
+
+    def prefetch(self, wanted) -> None:
+        """wanted: [(model, config name)] in the order the lane boots them."""
+        if self._lane is None:
+            self._lane = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="e2e-boot-lane")
+        for model, name in wanted:
+            key, call = self._config_call(model, name)
+            with self._lock:
+                if key not in self.runs and key not in self._queued:
+                    self._queued[key] = self._lane.submit(call)
+
+    def submit_job(self, name, fn) -> None:
+        """A module's own boots (conftest: its LANE_JOBS) run in the lane too, after the configurations."""
+        if self._lane is None:
+            self._lane = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="e2e-boot-lane")
+        with self._lock:
+            if ("job", name) not in self.runs and ("job", name) not in self._queued:
+                self._queued[("job", name)] = self._lane.submit(self._job, name, fn)
+
+    def job(self, name, fn):
+        """The result of a module's job: the lane's run (waited for) or one in this thread."""
+        return self._get(("job", name), functools.partial(self._job, name, fn))
+
+    def _job(self, name, fn):
+        result = fn()
+        with self._lock:
+            self.runs[("job", name)] = result
+        return result
+
+    def close(self) -> None:
+        """Cancel what the lane has not started and wait for the run it is in (stopped servers)."""
+        if self._lane is not None:
+            self._lane.shutdown(wait=True, cancel_futures=True)
 
     def _extras(self, model, keys, args):
         """(args, extra_env, on_server, scenarios) this session adds to a configuration."""
@@ -130,27 +178,47 @@ class Boots:
 
     def run(self, model, keys, args, progress=None, name="", scenarios=None):
         key = canary.config_key(model, keys, args)
-        if key not in self.runs:
-            if scenarios is None:
-                # Stream cadence only where decode yield is on or for the control it is read
-                # against (the canary's report; the effects test's chunk boundaries).
-                cadence = (keys == CTRL_KEYS or "DSV41_DECODE_YIELD" in keys or
-                           (model == "dsv4" and not keys))
-                scenarios = ("equality", "window", "idle") + (("cadence",) if cadence else ())
-            run_args, env, on_server, add = self._extras(model, keys, args)
-            self.boots[key] = self.boots.get(key, 0) + 1
-            self.runs[key] = canary.run_config(model, keys, run_args, scenarios=tuple(scenarios) + add,
-                                               progress=progress or _progress, name=name or model,
-                                               extra_env=env, on_server=on_server)
-        return self.runs[key]
+        return self._get(key, functools.partial(self._run, key, model, keys, args, progress, name, scenarios))
 
     def config(self, model, name):
+        return self._get(*self._config_call(model, name))
+
+    def _get(self, key, call):
+        with self._lock:
+            queued = self._queued.get(key)
+        if queued is not None and not queued.cancel():
+            return queued.result()          # the lane runs it (or ran it): wait for that run
+        with self._lock:
+            self._queued.pop(key, None)
+            if key in self.runs:
+                return self.runs[key]
+        return call()
+
+    def _run(self, key, model, keys, args, progress, name, scenarios):
+        if scenarios is None:
+            # Stream cadence only where decode yield is on or for the control it is read
+            # against (the canary's report; the effects test's chunk boundaries).
+            cadence = (keys == CTRL_KEYS or "DSV41_DECODE_YIELD" in keys or
+                       (model == "dsv4" and not keys))
+            scenarios = ("equality", "window", "idle") + (("cadence",) if cadence else ())
+        run_args, env, on_server, add = self._extras(model, keys, args)
+        run = canary.run_config(model, keys, run_args, scenarios=tuple(scenarios) + add,
+                                progress=progress or _progress, name=name or model,
+                                extra_env=env, on_server=on_server)
+        with self._lock:
+            self.boots[key] = self.boots.get(key, 0) + 1
+            self.runs[key] = run
+        return run
+
+    def _config_call(self, model, name):
+        """(key, a call that runs it) of a named configuration (CONFIGS) on a model."""
         assert name in ("stock", "production") or name in ALONE[model], \
             f"{model} {name}: not booted in this session (tests/e2e/e2e_configs.py ALONE)"
         keys, args = CONFIGS[name]
-        scenarios = ("window",) if name == "cone_no_copy" else None     # its one scenario
-        return self.run(model, canary.model_keys(model, keys)[0], args, name=f"{model} {name}",
-                        scenarios=scenarios)
+        keys = canary.model_keys(model, keys)[0]
+        scenarios = SCENARIOS.get(name)
+        key = canary.config_key(model, keys, args)
+        return key, functools.partial(self._run, key, model, keys, args, None, f"{model} {name}", scenarios)
 
 
 def _progress(msg):

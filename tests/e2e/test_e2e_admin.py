@@ -9,6 +9,9 @@ import re
 
 from e2e.e2e_configs import admin_requests
 
+# The session's shared runs this module reads (booted by conftest's lane ahead of it).
+SHARED_BOOTS = [("dense", "production")]
+
 
 def test_every_admin_route_answers_403_on_the_production_line_and_the_server_lives(boots):
     run = boots.config("dense", "production")

@@ -27,6 +27,9 @@ from adapter.tools import canary, traffic
 
 from .e2e_configs import PROD_ARGS, REPO_ROOT
 
+# The session's shared runs this module reads (booted by conftest's lane ahead of it).
+SHARED_BOOTS = [("dense", "decode_yield")]
+
 SHARE = 33
 KEYS = {"DSV41_DECODE_YIELD": str(SHARE)}
 PREFILL = canary.CADENCE_PREFILL["dense"]

@@ -6,6 +6,9 @@ import json
 from adapter.table import ADAPTERS
 from e2e.e2e_configs import PROFILE
 
+# The session's shared runs this module reads (booted by conftest's lane ahead of it).
+SHARED_BOOTS = [("dense", "autotune_keep"), ("dense", "production"), ("dsv4", "autotune_keep"), ("dsv4", "production")]
+
 
 def test_canary_production_against_control_exits_0_with_the_figures(boots, capsys):
     from adapter.tools import canary

@@ -15,6 +15,9 @@ import pytest
 
 from adapter.tools import canary, traffic
 
+# The session's shared runs this module reads (booted by conftest's lane ahead of it).
+SHARED_BOOTS = [("dsv4", "stock"), ("dsv4", "autotune_keep")]
+
 # What the scheduler's log must show (engine lines, then the CPU stand-ins' receipts).
 LOG_LINES = ("Initialize DeepSeekV4TokenToKVPool", "Using DeepseekV4AttnBackend",
              "Init Unified Radix Cache. Components: (<ComponentType.FULL: 0>, <ComponentType.SWA: 1>)",

@@ -20,6 +20,9 @@ import pytest
 
 from adapter.tools import canary, traffic
 
+# The session's shared runs this module reads (booted by conftest's lane ahead of it).
+SHARED_BOOTS = [("dsv4", "stock"), ("dsv4", "production")]
+
 NEW_TOKENS = 16                                               # traffic.equality_run
 LAYERS = 3                                                    # adapter/cpu/models.py dsv4
 SPLIT = "[dsv41-cpu] dsv4 page split: "

@@ -31,7 +31,9 @@ the V4 model's KV heads and query heads as configured (HARNESS_SHIM below).
 Cost: two boots (one node ~1-2 min, two nodes ~2 min on 2 shared cores), tiny traffic."""
 import concurrent.futures
 import os
+import pathlib
 import re
+import tempfile
 import textwrap
 
 import pytest
@@ -171,10 +173,9 @@ def _boot(name: str, keys: dict, args: dict, nodes: int = 1, extra_env=None) -> 
 CONTROL = os.environ.get("DSV4_SWAN_SELFCHECK_E2E_CONTROL", "")
 
 
-@pytest.fixture(scope="module")
-def boots(tmp_path_factory):
+def _boot_both() -> dict:
     assert CONTROL in ("", "no-check", "no-agree"), CONTROL
-    site = tmp_path_factory.mktemp("dsv4-tp2-site")
+    site = pathlib.Path(tempfile.mkdtemp(prefix="dsv41-dsv4-tp2-site-"))
     (site / "sitecustomize.py").write_text(HARNESS_SHIM)
     shim = {"PYTHONPATH": ":".join([str(site), str(HARNESS_SITE), str(REPO_ROOT)])}
     out = {}
@@ -186,6 +187,16 @@ def boots(tmp_path_factory):
         out["two"] = _boot("dsv4 swan self-check, 2 nodes, planted on rank 1", {**SWAN, PLANT: "1"},
                            {"--tp-size": "2"}, nodes=2, extra_env=env)
     return out
+
+
+# The two boots may run in the session's background lane (tests/e2e/conftest.py).
+LANE_JOBS = {"dsv4 swan self-check": _boot_both}
+
+
+@pytest.fixture(scope="module")
+def boots(boots):
+    """{"one": ..., "two": ...} of the planted boots (the session's `boots` runs or waits for them)."""
+    return boots.job("dsv4 swan self-check", _boot_both)
 
 
 def _boot_of(boots, name):

@@ -3,6 +3,10 @@ import re
 
 from adapter.tools import canary, traffic
 
+# The session's shared runs this module reads (booted by conftest's lane ahead of it).
+SHARED_BOOTS = [("dense", "autotune_keep"), ("dense", "decode_yield"), ("dense", "production"),
+                ("dsv4", "stock"), ("dsv4", "production"), ("dsv4", "cone_no_copy")]
+
 YIELD_LINE = re.compile(r"\[dsv41\] decode_yield rid=\S+ left chunked prefill: (\d+) chunks yielded, "
                         r"(\d+) decode steps planned, (\d+) run, (\d+) ended early")
 PREFILL_LINE = re.compile(r"Prefill batch.*#new-token: (?P<new>\d+),.*#pending-token: (?P<pending>\d+)")

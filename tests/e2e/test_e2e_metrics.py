@@ -20,6 +20,9 @@ from adapter.table import ADAPTERS
 from adapter.tools import canary
 from e2e.e2e_configs import REPO_ROOT
 
+# The session's shared runs this module reads (booted by conftest's lane ahead of it).
+SHARED_BOOTS = [("dense", "production"), ("dsv4", "production"), ("dense", "decode_yield")]
+
 WATCH = "prometheus_client"
 YIELD_LINE = re.compile(r"\[dsv41\] decode_yield rid=\S+ left chunked prefill: (\d+) chunks yielded, "
                         r"(\d+) decode steps planned, (\d+) run, (\d+) ended early")

@@ -17,6 +17,9 @@ from adapter.tools import canary, traffic
 
 from e2e.e2e_configs import PROD_ARGS, PROD_KEYS
 
+# The session's shared runs this module reads (booted by conftest's lane ahead of it).
+SHARED_BOOTS = [("dense", "stock")]
+
 # Three 4,096-token chunks (two yields on each rank) are enough for the ranks to show they decide
 # alike; the single-rank boots run the 24,576-token prompt (its prefill costs ~4x this one's).
 CADENCE_PREFILL = 12288
