@@ -24,7 +24,9 @@ case "$WHICH" in
     all)
         log=$(mktemp "${TMPDIR:-/tmp}/dsv41-unit-XXXXXX.log")
         start=$(date +%s)
-        unit "$@" >"$log" 2>&1 &
+        # one OpenMP thread per unit process (the servers run with one: adapter/cpu/server.py):
+        # more threads than cores only spin beside the servers
+        OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} unit "$@" >"$log" 2>&1 &
         unit_pid=$!
         # a stopped script (Ctrl-C, a CI timeout) stops the unit run too
         trap 'kill "$unit_pid" 2>/dev/null || true' INT TERM
