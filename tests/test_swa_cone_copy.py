@@ -139,10 +139,11 @@ def _batch(r2t, *, s, F, tail, other):
     return fb
 
 
-def _cone_with_plan(s, F, test=True):
+def _cone_with_plan(s, F, test=True, **switches):
+    """A Cone (N = F - s; switches: no_floor / no_copy) holding one plan, request "A"."""
     from adapter.swa_cone import Cone, Plan
 
-    cone = Cone(F - s, test=test)
+    cone = Cone(F - s, test=test, **switches)
     cone.plans["A"] = Plan(rid="A", F=F, s=s, L=F + 100, src_loc=_loc([3, 4]))
     return cone
 
@@ -235,14 +236,11 @@ def test_cone_test_switch_checks_the_copy(pool):
 def test_no_floor_test_switch_copies_and_masks_but_sets_no_floor(pool, caplog):
     """DSV41_SWA_CONE_TEST_NO_FLOOR (test only, the negative control of the floor): the same copy
     and write mask, no window floor on either path, and a loud line per replay."""
-    from adapter.swa_cone import Cone, Plan
-
     s, F, tail, other = 512, 1024, 100, 300
     _randomize(pool, 6)
     r2t = torch.zeros(4, PAGES * P, dtype=torch.int32)
     fb = _batch(r2t, s=s, F=F, tail=tail, other=other)
-    cone = Cone(F - s, test=True, no_floor=True)
-    cone.plans["A"] = Plan(rid="A", F=F, s=s, L=F + 100, src_loc=_loc([3, 4]))
+    cone = _cone_with_plan(s, F, no_floor=True)
     with caplog.at_level(logging.INFO, logger="sglang.dsv41"):
         applied = cone.apply(fb, pool=pool, req_to_token=r2t, page_size=P)
     lines = [r.getMessage() for r in caplog.records]
@@ -301,15 +299,12 @@ def test_negative_control_switches_are_off_by_default_and_named_at_install(monke
 def test_no_copy_test_switch_masks_and_floors_but_copies_nothing(pool, caplog):
     """DSV41_SWA_CONE_TEST_NO_COPY (test only, the negative control of the copy): the same mask and
     floor, the replay rows' pages keep their stale bytes, no copy line, a loud line instead."""
-    from adapter.swa_cone import Cone, Plan
-
     s, F, tail, other = 512, 1024, 100, 300
     _randomize(pool, 7)
     before = [buf.clone() for _, _, buf in _buffers(pool)]
     r2t = torch.zeros(4, PAGES * P, dtype=torch.int32)
     fb = _batch(r2t, s=s, F=F, tail=tail, other=other)
-    cone = Cone(F - s, test=True, no_copy=True)
-    cone.plans["A"] = Plan(rid="A", F=F, s=s, L=F + 100, src_loc=_loc([3, 4]))
+    cone = _cone_with_plan(s, F, no_copy=True)
     with caplog.at_level(logging.INFO, logger="sglang.dsv41"):
         applied = cone.apply(fb, pool=pool, req_to_token=r2t, page_size=P)
     lines = [r.getMessage() for r in caplog.records]
