@@ -127,21 +127,19 @@ class Boots:
 
     def prefetch(self, wanted) -> None:
         """wanted: [(model, config name)] in the order the lane boots them."""
-        if self._lane is None:
-            self._lane = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="e2e-boot-lane")
         for model, name in wanted:
-            key, call = self._config_call(model, name)
-            with self._lock:
-                if key not in self.runs and key not in self._queued:
-                    self._queued[key] = self._lane.submit(call)
+            self._queue(*self._config_call(model, name))
 
     def submit_job(self, name, fn) -> None:
         """A module's own boots (conftest: its LANE_JOBS) run in the lane too, after the configurations."""
-        if self._lane is None:
-            self._lane = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="e2e-boot-lane")
+        self._queue(("job", name), functools.partial(self._job, name, fn))
+
+    def _queue(self, key, call) -> None:
         with self._lock:
-            if ("job", name) not in self.runs and ("job", name) not in self._queued:
-                self._queued[("job", name)] = self._lane.submit(self._job, name, fn)
+            if self._lane is None:
+                self._lane = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="e2e-boot-lane")
+            if key not in self.runs and key not in self._queued:
+                self._queued[key] = self._lane.submit(call)
 
     def job(self, name, fn):
         """The result of a module's job: the lane's run (waited for) or one in this thread."""
