@@ -1,15 +1,14 @@
-"""dsv41 bootstrap (on PYTHONPATH in the image): arm the adapter installer when a DSV41_* key is set.
+"""dsv41 bootstrap for a checkout on PYTHONPATH: arm the adapter installer when a DSV41_* key is set.
 
-With no DSV41_* key this imports nothing. Python's `site` swallows exceptions raised here, so any
-failure is printed and ends the process with a non-zero exit instead.
+An installed wheel does the same through site-packages/dsv41.pth. With no DSV41_* key this imports
+nothing but `os`. Python's `site` swallows exceptions raised here, so any failure is printed and
+ends the process with exit code 2 (adapter/plugin.py arm_at_startup).
 """
 import os
 
 if any(name.startswith("DSV41_") for name in os.environ):
     try:
         from adapter import plugin
-
-        plugin.start("sitecustomize")
     except BaseException:  # noqa: BLE001 - site would print one line and carry on
         import sys
         import traceback
@@ -19,3 +18,4 @@ if any(name.startswith("DSV41_") for name in os.environ):
                          "unset the DSV41_* keys to boot without dsv41.\n")
         sys.stderr.flush()
         os._exit(2)
+    plugin.arm_at_startup("sitecustomize")

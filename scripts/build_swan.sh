@@ -9,15 +9,28 @@
 # Extra arguments go to build.py (--arch, --heads, --jobs, --out). Incremental (ninja).
 # PYTHON: the interpreter that builds and verifies (default .venv/bin/python; the images set
 # their python3; scripts/setup.sh passes .venv's explicitly).
+# SWAN_BUILD_INSTALLED=1: build and verify the interpreter's installed package instead of this
+# checkout (the images and scripts/wheel_check.sh, after scripts/image_install.sh installed the
+# wheel): the module goes beside it, into site-packages/runtime/build/swan256, where the installed
+# adapter looks. Both run from outside the checkout, so the installed files are the ones imported.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
+if [ "${SWAN_BUILD_INSTALLED:-0}" = "1" ]; then
+    case "$PY" in /*) ;; *) PY="$(pwd)/$PY" ;; esac
+    elsewhere=$(mktemp -d "${TMPDIR:-/tmp}/dsv41-swan-build-XXXXXX")
+    trap 'rm -rf "$elsewhere"' EXIT
+    cd "$elsewhere"
+    build=(-m runtime.swan256.build)
+else
+    build=(runtime/swan256/build.py)
+fi
 arch_args=()
 for arch in ${SWAN_ARCHS:-}; do          # sm_121a -> --arch 12.1a
     digits=${arch#sm_}
     arch_args+=(--arch "${digits:0:2}.${digits:2}")
 done
-"$PY" runtime/swan256/build.py "${arch_args[@]}" "$@"
+"$PY" "${build[@]}" "${arch_args[@]}" "$@"
 "$PY" - <<'PYEOF'
 from adapter import swan
 info = swan.verify_module(swan.module_dir(), swan.installed_flashinfer_version())

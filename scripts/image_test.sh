@@ -19,6 +19,19 @@ if ! "$PY" -c "import pytest, xdist, hypothesis, matplotlib" 2>/dev/null; then
         -r requirements/test-tools.lock
     export PYTHONPATH="$tools${PYTHONPATH:+:$PYTHONPATH}"
 fi
+# The tests import the checkout's adapter (tests/conftest.py); in an image its swan module was built
+# into the installed wheel (SWAN_BUILD_INSTALLED=1), not into the checkout: point them there.
+if [ -z "${SWAN_RUNTIME_DIR:-}" ] && [ ! -f runtime/build/swan256/manifest.json ]; then
+    case "$PY" in */*) pyabs="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")" ;; *) pyabs=$PY ;; esac
+    installed=$(cd / && "$pyabs" -c 'from adapter import swan; print(swan.module_dir())' 2>/dev/null || true)
+    if [ -n "$installed" ] && [ -f "$installed/manifest.json" ]; then
+        export SWAN_RUNTIME_DIR=$installed
+        echo "[image test] swan module of the installed package: $installed"
+    fi
+fi
+# One OpenMP thread per test process: an image's BLAS (another CPU, another thread count) would
+# otherwise sum in another order than the machines the tests' tolerances were set on.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 start=$(date +%s)
 "$PY" -m pytest -q -p no:cacheprovider -n "${DSV41_TEST_WORKERS:-2}" tests --ignore=tests/e2e "$@"
 echo "[image test] unit suite in $(( $(date +%s) - start )) s"

@@ -7,7 +7,7 @@ import shutil
 
 from adapter import swan
 
-BUILT_MANIFEST = swan.DEFAULT_MODULE_DIR / "manifest.json"
+BUILT_MANIFEST = swan.module_dir() / "manifest.json"
 
 
 def built_router_key() -> dict:
@@ -24,7 +24,7 @@ def write_module(directory: pathlib.Path, payload=b"\x7fELF" + bytes(range(256))
     so = directory / "swan256.so"
     so.write_bytes(payload)
     key = built_router_key()
-    shutil.copyfile(swan.DEFAULT_MODULE_DIR / key["so"], directory / key["so"])
+    shutil.copyfile(swan.module_dir() / key["so"], directory / key["so"])
     manifest = {"schema": swan.MANIFEST_SCHEMA, "module_tag": "swan256", "so": so.name,
                 "sha256": swan.sha256_file(so), "size_bytes": len(payload), "page_tokens": 256,
                 "page_stride_bytes": 149760, "flashinfer_version": swan.installed_flashinfer_version(),

@@ -1,11 +1,11 @@
 """`dsv41 gate run` / `gate boot` without a server: clear errors (exit 2), the plan, the CLI wiring;
-the planted step delay of the CPU harness (adapter/cpu/step_delay.py) on a stand-in class."""
+the planted step work of the CPU harness (adapter/cpu/step_work.py) on a stand-in class."""
 import time
 import types
 
 import pytest
 
-from adapter.cpu import step_delay
+from adapter.cpu import step_work
 from adapter.cpu.server import free_port
 from adapter.tools import cli
 from adapter.tools.gate import cells as C
@@ -59,27 +59,52 @@ def test_resume_refuses_another_suite(tmp_path):
         gate_run._check_resume(d / "meta.json", {"suite": "quick", "model": "m", "context_length": 8192})
 
 
-def test_step_delay_wraps_run_batch(monkeypatch, capsys):
+def test_step_work_is_proportional_to_the_batch_cpu_time(monkeypatch, capsys):
+    """The extra work is `factor` x the CPU time the batch took, on a CPU clock the test drives
+    (no real time read): a batch of 2 CPU-s gets 6 CPU-s more at factor 3, one of 5 gets 15."""
+    cpu = {"now": 100.0}
+    step = {"cost": 0.0}
+
     class Scheduler:
         def run_batch(self, batch):
+            cpu["now"] += step["cost"]
             return ("ran", batch)
 
+    burnt = []
+
+    def fake_burn(cpu_s, clock=None):
+        burnt.append(cpu_s)
+
     module = types.SimpleNamespace(Scheduler=Scheduler)
-    monkeypatch.setenv(step_delay.ENV, "30")
-    step_delay.apply(module)
-    step_delay.apply(module)                        # idempotent: one sleep per batch, not two
-    slept = []                                      # record the sleeps instead of timing them
-    monkeypatch.setattr(step_delay.time, "sleep", slept.append)
-    assert Scheduler().run_batch(7) == ("ran", 7)
-    assert slept == [pytest.approx(0.030, abs=1e-12)]
-    assert capsys.readouterr().err.count("step delay armed: Scheduler.run_batch sleeps 30 ms") == 1
+    monkeypatch.setenv(step_work.ENV, "3")
+    monkeypatch.setattr(step_work.time, "thread_time", lambda: cpu["now"])
+    monkeypatch.setattr(step_work, "burn", fake_burn)
+    step_work.apply(module)
+    step_work.apply(module)                         # idempotent: one wrap, not two
+    for cost in (2.0, 5.0):
+        step["cost"] = cost
+        assert Scheduler().run_batch(7) == ("ran", 7)
+    assert burnt == [pytest.approx(6.0), pytest.approx(15.0)]
+    assert capsys.readouterr().err.count("step extra work armed") == 1
 
 
-@pytest.mark.parametrize("raw", ["abc", "-5"])
-def test_step_delay_bad_value(monkeypatch, raw):
-    monkeypatch.setenv(step_delay.ENV, raw)
-    with pytest.raises(ValueError, match="DSV41CPU_STEP_DELAY_MS"):
-        step_delay.delay_s()
+def test_burn_runs_until_the_clock_advanced():
+    ticks = iter(range(0, 100))
+    reads = []
+
+    def clock():
+        reads.append(next(ticks))
+        return reads[-1]
+
+    step_work.burn(5, clock=clock)
+    assert reads[0] == 0 and reads[-1] == 5          # started at 0, stopped at the first read >= 5
+
+
+@pytest.mark.parametrize("raw", ["abc", "-5", "nan", "inf"])
+def test_step_work_bad_value(monkeypatch, raw):
+    monkeypatch.setenv(step_work.ENV, raw)
+    with pytest.raises(ValueError, match="DSV41CPU_STEP_EXTRA_WORK"):
+        step_work.factor()
 
 
 # --- cells through a stand-in transport (httpx.MockTransport): resume, server failures -----------

@@ -32,7 +32,9 @@ def test_ci_runs_the_image_step_then_the_e2e_servers_once():
     ci = (REPO_ROOT / ".ci/run").read_text()
     steps = [ln.split("#")[0].strip() for ln in ci.splitlines()
              if "scripts/" in ln and not ln.lstrip().startswith("#")]
-    assert steps.index("scripts/image_test.sh") < steps.index("DSV41_TESTS=e2e scripts/test.sh")
+    first = lambda text: next(i for i, s in enumerate(steps) if s.startswith(text))  # noqa: E731
+    assert first("scripts/image_test.sh") < first("DSV41_TESTS=e2e scripts/test.sh")
+    assert first("scripts/wheel_check.sh") < first("DSV41_TESTS=e2e scripts/test.sh")
 
 
 def _fake_python(tmp_path, fail_on=""):

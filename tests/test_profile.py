@@ -80,14 +80,17 @@ def _run_steps(dockerfile):
 @pytest.mark.parametrize("dockerfile", ["Dockerfile.canary", "Dockerfile.canary-roce"])
 def test_dockerfile_builds_verifies_checks_and_tests_with_scripts_ci_runs(dockerfile):
     steps = _run_steps(dockerfile)
+    # .ci/run runs the install, the module build and the check through scripts/wheel_check.sh, in
+    # a new venv with the wheel installed, as the images do
     ci = (REPO_ROOT / ".ci/run").read_text()
+    assert "scripts/wheel_check.sh" in ci
+    ci += (REPO_ROOT / "scripts/wheel_check.sh").read_text()
     assert steps, dockerfile
     for step in steps:
         assert re.fullmatch(r"scripts/[a-z_]+\.sh", step), step       # a script of ours ...
         assert (REPO_ROOT / step).exists(), step
     for step in steps:
-        if step != "scripts/build_swan.sh":                              # ... that CI runs too
-            assert step in ci, step
+        assert step in ci, step                                          # ... that CI runs too
     setup = (REPO_ROOT / "scripts/setup.sh").read_text()
     assert "scripts/build_swan.sh" in setup                              # setup (in CI) builds it
     for needed in ("scripts/build_swan.sh", "scripts/image_check.sh", "scripts/image_test.sh"):
@@ -95,6 +98,9 @@ def test_dockerfile_builds_verifies_checks_and_tests_with_scripts_ci_runs(docker
     assert steps[-1] == "scripts/image_test.sh" and "scripts/test.sh" not in steps   # no e2e servers
     text = (REPO_ROOT / dockerfile).read_text()
     assert "SWAN_ARCHS=sm_121a" in text and "v0.5.23" in text
+    # the wheel, installed, arms the line: no PYTHONPATH to the source copy, the module built into
+    # the installed package
+    assert not re.search(r"^ENV .*PYTHONPATH", text, re.M) and "SWAN_BUILD_INSTALLED=1" in text
 
 
 def test_ci_runs_the_readme_commands():

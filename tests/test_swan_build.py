@@ -32,7 +32,7 @@ def _toolkit():
 TOOLKIT = _toolkit()
 needs_toolkit = pytest.mark.skipif(TOOLKIT is None, reason="no CUDA toolkit for this interpreter "
                                    "(scripts/setup.sh installs requirements/cuda-build.lock)")
-MODULE = swan.DEFAULT_MODULE_DIR
+MODULE = swan.module_dir()
 REPO = swan.REPO_ROOT
 FI_INCLUDE = (pathlib.Path(importlib.util.find_spec("flashinfer").origin).parent
               / "data/include/flashinfer/attention/sparse_mla_sm120")

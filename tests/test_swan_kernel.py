@@ -23,7 +23,7 @@ import pytest
 from adapter import swan
 from conftest import run_python
 
-MANIFEST = swan.DEFAULT_MODULE_DIR / "manifest.json"
+MANIFEST = swan.module_dir() / "manifest.json"
 
 
 def _cudart_dir():
@@ -53,7 +53,7 @@ cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "At
 fields = [n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)]
 AttentionMetadata = collections.namedtuple("AttentionMetadata", fields)
 
-info = swan.verify_module(swan.DEFAULT_MODULE_DIR, swan.installed_flashinfer_version())
+info = swan.verify_module(swan.module_dir(), swan.installed_flashinfer_version())
 kernel = swan.Kernel(info)                       # real load + swan256_info check
 mod = kernel.mod
 POLICY = {"cpb": 0, "variant": 0}

@@ -9,7 +9,7 @@ import pytest
 from adapter import keys, swan
 from swan_module_dir import write_module
 
-BUILT = swan.DEFAULT_MODULE_DIR / "manifest.json"
+BUILT = swan.module_dir() / "manifest.json"
 
 
 def test_pinned_flashinfer_is_the_engine_pin():

@@ -24,7 +24,7 @@ import torch
 
 from adapter import swan
 
-info = swan.verify_module(swan.DEFAULT_MODULE_DIR, swan.installed_flashinfer_version())
+info = swan.verify_module(swan.module_dir(), swan.installed_flashinfer_version())
 key = swan.load_router_key(info)
 
 
@@ -63,7 +63,7 @@ def test_a_tensor_impostor_takes_the_python_path(impostor):
 @pytest.fixture(scope="module")
 def native():
     built_router_key()
-    info = swan.verify_module(swan.DEFAULT_MODULE_DIR, swan.installed_flashinfer_version())
+    info = swan.verify_module(swan.module_dir(), swan.installed_flashinfer_version())
     return swan.load_router_key(info)
 
 

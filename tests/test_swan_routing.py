@@ -319,7 +319,7 @@ def native():
     from swan_module_dir import built_router_key
 
     built_router_key()
-    info = swan.verify_module(swan.DEFAULT_MODULE_DIR, swan.installed_flashinfer_version())
+    info = swan.verify_module(swan.module_dir(), swan.installed_flashinfer_version())
     return swan.load_router_key(info)
 
 

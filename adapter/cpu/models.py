@@ -27,7 +27,6 @@ import pathlib
 import shutil
 import tempfile
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 RECIPE_VERSION = 1
 VOCAB = 1024
 SEED = 20261203
@@ -97,7 +96,10 @@ RECIPES = {
 
 
 def cache_root() -> pathlib.Path:
-    return pathlib.Path(os.environ.get("DSV41CPU_CACHE") or REPO_ROOT / ".cache" / "cpu-models")
+    # the checkout's .cache/, or the user's cache directory for an installed wheel
+    from adapter import locations
+
+    return pathlib.Path(os.environ.get("DSV41CPU_CACHE") or locations.cache_dir() / "cpu-models")
 
 
 def ensure_model(name: str) -> pathlib.Path:

@@ -39,7 +39,11 @@ import requests
 
 from adapter.cpu import models
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+from adapter import locations
+
+# The checkout (its sitecustomize.py goes on PYTHONPATH after the harness's), or None for an
+# installed wheel, whose dsv41.pth arms the line in every process of the interpreter.
+REPO_ROOT = locations.source_tree()
 HARNESS_SITE = pathlib.Path(__file__).resolve().parent / "site"
 
 # What the engine needs to serve the tiny models on 2 CPU cores (../SPEC: "The real engine on CPU").
@@ -196,7 +200,7 @@ class CpuServer:
         env = {k: v for k, v in os.environ.items()
                if not k.startswith("DSV41_") and k not in ("PYTHONPATH", "SGLANG_PLUGINS")}
         env.update({str(k): str(v) for k, v in self.keys.items()})
-        env["PYTHONPATH"] = os.pathsep.join([str(HARNESS_SITE), str(REPO_ROOT)])
+        env["PYTHONPATH"] = os.pathsep.join([str(HARNESS_SITE), *([str(REPO_ROOT)] if REPO_ROOT else [])])
         env["SGLANG_USE_CPU_ENGINE"] = "1"
         env["DSV41CPU_LOG_DIR"] = str(self.log_dir)
         if self.model == "dsv4":
@@ -248,13 +252,13 @@ class CpuServer:
         for rank in range(1, self.nodes):     # the other nodes first: node 0's schedulers wait on them
             out = open(self.log_dir / f"launcher-node{rank}.out", "wb")
             proc = subprocess.Popen(self.command(rank), env=self.environment(rank),
-                                    cwd=str(REPO_ROOT), stdin=subprocess.DEVNULL, stdout=out,
+                                    cwd=str(REPO_ROOT or self.log_dir), stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True)
             out.close()
             self.node_procs.append(proc)
             self.roles[proc.pid] = f"node {rank} launcher"
         launcher_out = open(self.log_dir / "launcher.out", "wb")
-        self.proc = subprocess.Popen(argv, env=self.environment(), cwd=str(REPO_ROOT),
+        self.proc = subprocess.Popen(argv, env=self.environment(), cwd=str(REPO_ROOT or self.log_dir),
                                      stdin=subprocess.DEVNULL, stdout=launcher_out,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         launcher_out.close()

@@ -11,8 +11,13 @@ from typing import Any, Mapping, Optional
 
 from adapter.swan.layout import MANIFEST_SCHEMA, MODULE_TAG, PAGE_STRIDE, PAGE_TOKENS
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-DEFAULT_MODULE_DIR = REPO_ROOT / "runtime" / "build" / MODULE_TAG
+from adapter.locations import PACKAGE_PARENT
+
+# The directory that holds the `adapter` and `runtime` packages: the repo root in a checkout,
+# site-packages for an installed wheel. The module is built beside runtime/swan256's sources in
+# both (`python -m runtime.swan256.build`, scripts/build_swan.sh).
+REPO_ROOT = PACKAGE_PARENT
+DEFAULT_MODULE_DIR = PACKAGE_PARENT / "runtime" / "build" / MODULE_TAG
 # Where the built module lives. Not a DSV41_ key: an image-layout override, also the test seam
 # for "module not built" without touching the real build.
 MODULE_DIR_ENV = "SWAN_RUNTIME_DIR"

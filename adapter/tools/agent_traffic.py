@@ -46,7 +46,6 @@ from typing import Callable, Optional
 
 import numpy as np
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 SEED = 20261205
 
 # The chat route needs a template; the tiny models' tokenizers have none. Each message is

@@ -1,9 +1,10 @@
 """`dsv41 check`: install a profile line into the pinned engine in a child Python, report.
 
 The child starts exactly as a production process of the image does: the line's environment (plus
-PATH/HOME/locale), PYTHONPATH=<repo root> and nothing else, the line's launch arguments as argv.
-So the repo's sitecustomize.py arms the installer, or nothing does: the child never arms it
-itself. It then imports every engine module of the table and writes each adapter's state and the
+PATH/HOME/locale) and the line's launch arguments as argv. From a checkout it gets
+PYTHONPATH=<repo root>, so the repo's sitecustomize.py arms the installer; from an installed wheel
+no PYTHONPATH, so the wheel's site-packages/dsv41.pth arms it. Or nothing does: the child never
+arms it itself. It then imports every engine module of the table and writes each adapter's state and the
 entry that armed the installer (`sitecustomize` with the module's path relative to the repo, or
 `plugin`), and the line's admin-route exposure: each route the engine marks ADMIN_OPTIONAL or
 ADMIN_FORCE, open / closed (by admin_guard or the engine) / keyed for a client without a key, from
@@ -26,17 +27,28 @@ from adapter import keys
 from adapter.tools.profile import Line
 from adapter.table import ADAPTERS, HOOKS
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]     # adapter/tools/check.py -> repo
-NOT_ARMED = ("the installer was never armed in the child: sitecustomize.py did not run it "
-             "(is {root}/sitecustomize.py the one Python imported?)")
+from adapter import locations
+
+# The checkout the child arms from (PYTHONPATH=<it>, its sitecustomize.py), or None for an
+# installed wheel (its dsv41.pth arms every process of the interpreter).
+REPO_ROOT = locations.source_tree()
+NOT_ARMED_TREE = ("the installer was never armed in the child: sitecustomize.py did not run it "
+                  "(is {root}/sitecustomize.py the one Python imported?)")
+NOT_ARMED_WHEEL = ("the installer was never armed in the child: site-packages/" + locations.PTH_NAME
+                   + " did not run it (was dsv41 installed from its wheel into this interpreter?)")
 BASE_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
 
 
 def child_env(line: Line) -> dict[str, str]:
     env = {k: os.environ[k] for k in BASE_ENV_KEYS if k in os.environ}
     env.update(line.env)
-    env["PYTHONPATH"] = str(REPO_ROOT)
+    if REPO_ROOT is not None:
+        env["PYTHONPATH"] = str(REPO_ROOT)
     return env
+
+
+def not_armed() -> str:
+    return NOT_ARMED_TREE.format(root=REPO_ROOT.name) if REPO_ROOT is not None else NOT_ARMED_WHEEL
 
 
 def run(line: Line) -> tuple[int, list[dict], str]:
@@ -44,7 +56,7 @@ def run(line: Line) -> tuple[int, list[dict], str]:
     with tempfile.TemporaryDirectory() as tmp:
         out = pathlib.Path(tmp) / "report.json"
         proc = subprocess.run([sys.executable, "-m", "adapter.tools.check", "--child", str(out), *line.args],
-                              env=child_env(line), cwd=REPO_ROOT, capture_output=True, text=True)
+                              env=child_env(line), cwd=REPO_ROOT or tmp, capture_output=True, text=True)
         report = json.loads(out.read_text()) if out.exists() else {}
     states, entry, entry_path = report.get("adapters", {}), report.get("entry"), report.get("entry_path")
     swan_kernel = report.get("swan_kernel")
@@ -56,7 +68,7 @@ def run(line: Line) -> tuple[int, list[dict], str]:
                         if k.adapter == name and k.name in line.env}
         if state is None:
             reason = _last_fatal(proc.stderr) or _site_error(proc.stderr) or (
-                NOT_ARMED.format(root=REPO_ROOT.name) if out_written(report) and adapter_keys
+                not_armed() if out_written(report) and adapter_keys
                 else _last_error(proc.stderr) or f"child exited {proc.returncode}")
             state = {"status": "refused" if adapter_keys else "off", "pin_ok": None, "detail": reason}
         rows.append({"adapter": name, "keys": adapter_keys, "enabled": state["status"] != "off",
@@ -187,7 +199,10 @@ def _child(out_path: str) -> int:
     entry, entry_path = installer.entry(), None
     if entry == "sitecustomize":
         site = pathlib.Path(getattr(sys.modules.get("sitecustomize"), "__file__", "") or "").resolve()
-        entry_path = str(site.relative_to(REPO_ROOT)) if site.is_relative_to(REPO_ROOT) else str(site)
+        entry_path = (str(site.relative_to(REPO_ROOT)) if REPO_ROOT is not None and site.is_relative_to(REPO_ROOT)
+                      else str(site))
+    elif entry == locations.PTH_NAME:
+        entry_path = str(locations.PACKAGE_PARENT / locations.PTH_NAME)
     admin = _admin_exposure(sys.argv[3:], states.get("admin_guard", {}).get("status") == "installed")
     router = getattr(sys.modules.get("adapter.swan"), "ROUTER", None)
     pathlib.Path(out_path).write_text(json.dumps({"adapters": states, "entry": entry,

@@ -9,8 +9,9 @@ then runs the next sitecustomize on sys.path: the repo's own, exactly as product
      backend production never uses: adapter/cpu/torch_native_swa_fix.py);
   4. DSV41CPU_DRIFT=<module>:<qualname> (tests only): that engine callable is altered on import,
      before our installer checks its pin;
-  5. DSV41CPU_STEP_DELAY_MS=<ms> (tests only): the scheduler sleeps before each batch, a planted
-     speed regression for `dsv41 gate` (adapter/cpu/step_delay.py);
+  5. DSV41CPU_STEP_EXTRA_WORK=<factor> (tests only): after each batch the scheduler works that
+     factor of the batch's CPU time, a planted speed regression for `dsv41 gate`
+     (adapter/cpu/step_work.py);
   6. DSV41CPU_WATCH_IMPORTS=<module>[,<module>] (tests only): when one of them is imported, the
      process writes "[dsv41-cpu] imported <module> from <file>:<line>" (the importing frame);
   7. DSV41CPU_AUTOTUNE_AGREE=<dir> (tests only): each scheduler runs the engine's autotune cache
@@ -52,11 +53,11 @@ def _arm():
             sys.stderr.write(f"[dsv41-cpu] drifted {target}:{qualname} (sha256 {sha})\n")
 
         wrapt.register_post_import_hook(drift, target)
-    if os.environ.get("DSV41CPU_STEP_DELAY_MS"):
-        from adapter.cpu import step_delay
+    if os.environ.get("DSV41CPU_STEP_EXTRA_WORK"):
+        from adapter.cpu import step_work
 
-        step_delay.delay_s()        # a bad value ends the process here, not in the scheduler
-        wrapt.register_post_import_hook(step_delay.apply, step_delay.MODULE)
+        step_work.factor()          # a bad value ends the process here, not in the scheduler
+        wrapt.register_post_import_hook(step_work.apply, step_work.MODULE)
     if os.environ.get("DSV41CPU_AUTOTUNE_AGREE"):
         from adapter.cpu import autotune_agree
 

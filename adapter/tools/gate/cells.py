@@ -64,6 +64,11 @@ class Target:
     context: int
     pool_tokens: Optional[int]          # sglang /server_info max_total_num_tokens, where it answers
     filler_tokens: list                 # prompt tokens of each filler paragraph
+    # The server's CPU seconds so far (all processes of its process group), where the gate runs on
+    # the server's machine (`gate run --server-pid`, `gate boot`): the speed cells then also
+    # record output tokens per server CPU-second, which other jobs' load on a shared machine moves
+    # far less than tokens per wall-second (tests/e2e/test_e2e_gate.py beside busy processes).
+    server_cpu_s: Optional[Callable[[], float]] = None
 
     def filler(self, n_tokens: int, start: int = 0) -> str:
         """About n_tokens of filler text (paragraphs cycled from `start`)."""
@@ -74,6 +79,28 @@ class Target:
             total += self.filler_tokens[i % len(paras)]
             i += 1
         return "".join(out)
+
+
+def process_group_cpu_s(pid: int) -> Callable[[], float]:
+    """A clock of the CPU seconds (user + system) of every live process in `pid`'s process group."""
+    import os
+
+    import psutil
+
+    group = os.getpgid(pid)
+
+    def clock() -> float:
+        total = 0.0
+        for proc in psutil.process_iter(["pid"]):
+            try:
+                if os.getpgid(proc.pid) == group:
+                    times = proc.cpu_times()
+                    total += times.user + times.system
+            except (psutil.Error, ProcessLookupError, OSError):
+                continue        # ended between the listing and the read
+        return total
+
+    return clock
 
 
 def base_url(endpoint: str) -> str:
@@ -201,16 +228,20 @@ def speed(t: Target, plan: dict, bar, concurrency: int, sampled: bool):
     prompts = [f"{text} Chapter {i + 1}." for i in range(concurrency)]
     temp = SAMPLED if sampled else {"temperature": 0.0}
     stream_completion(t, prompts[0], 4, **temp)                  # warm the prefix cache, untimed
-    reps, samples = [], []
+    reps, cpu_reps, samples = [], [], []
     with cf.ThreadPoolExecutor(concurrency) as pool:
         for rep in range(plan["speed_reps"]):
+            cpu_began = t.server_cpu_s() if t.server_cpu_s else None
             began = time.perf_counter()
             results = list(pool.map(lambda p: stream_completion(t, p, plan["speed_tokens"], **temp), prompts))
             wall = time.perf_counter() - began
+            cpu = t.server_cpu_s() - cpu_began if cpu_began is not None else None
             tokens = sum(r["completion_tokens"] for r in results)
             reps.append(tokens / wall)
+            if cpu is not None:
+                cpu_reps.append(tokens / cpu if cpu > 0 else math.inf)
             for i, r in enumerate(results):
-                samples.append({"rep": rep, "stream": i, "wall_s": wall, **r})
+                samples.append({"rep": rep, "stream": i, "wall_s": wall, "server_cpu_s": cpu, **r})
             bar.update(1)
     ttft = [s["ttft_s"] for s in samples if s["ttft_s"] is not None]
     itl = [b - a for s in samples for a, b in zip(s["chunk_s"], s["chunk_s"][1:])]
@@ -219,6 +250,9 @@ def speed(t: Target, plan: dict, bar, concurrency: int, sampled: bool):
                "tok_s": med, "tok_s_reps": reps, "spread": (max(reps) - min(reps)) / med if med else None,
                "ttft_p50_s": _pct(ttft, 50), "ttft_p90_s": _pct(ttft, 90),
                "itl_p50_s": _pct(itl, 50), "itl_p90_s": _pct(itl, 90), "itl_p99_s": _pct(itl, 99)}
+    if cpu_reps:
+        summary["cpu_tok_s"] = float(np.median(cpu_reps))       # output tokens per server CPU-second
+        summary["cpu_tok_s_reps"] = cpu_reps
     return summary, samples
 
 

@@ -50,6 +50,9 @@ def add_parser(sub) -> None:
     r.add_argument("--run-id", default=None, help="run id (default: today's UTC date, YYYYMMDD)")
     r.add_argument("--context-length", type=int, default=None,
                    help="when the server reports none in /v1/models")
+    r.add_argument("--server-pid", type=int, default=None,
+                   help="a process of the server's process group on this machine: the speed cells also "
+                        "record tokens per server CPU-second, which the verdict judges when every boot has them")
     r.add_argument("--json", action="store_true", help="print what was measured as JSON")
     r.set_defaults(func=_run)
     v = gs.add_parser("verdict", help="PASS / KILL / INVALID of control,candidate,control; report.md + PNGs")

@@ -64,14 +64,21 @@ def _check_resume(meta_path: pathlib.Path, meta: dict) -> None:
 
 def run_gate(endpoint: str, label: str, out: str, suite: str = "quick", model: Optional[str] = None,
              run_id: Optional[str] = None, context_length: Optional[int] = None,
-             cells: Iterable[str] = C.CELLS, progress: bool = True) -> pathlib.Path:
-    """Measure every cell not yet measured; return the label directory."""
+             cells: Iterable[str] = C.CELLS, progress: bool = True,
+             server_pid: Optional[int] = None) -> pathlib.Path:
+    """Measure every cell not yet measured; return the label directory.
+
+    server_pid: a process of the server's process group on this machine; the speed cells then
+    also record tokens per server CPU-second (the verdict judges speed on those when every boot
+    has them)."""
     if suite not in C.SUITES:
         raise C.GateError(f"unknown suite {suite!r}; choose one of {', '.join(C.SUITES)}")
     if not label or "/" in label or label.startswith("."):
         raise C.GateError(f"bad label {label!r}: one path component, e.g. A, B, A2")
     label_dir = pathlib.Path(out) / (run_id or default_run_id()) / label
     target = C.connect(endpoint, model=model, context_length=context_length)
+    if server_pid is not None:
+        target.server_cpu_s = C.process_group_cpu_s(server_pid)
     plan = C.plan_for(suite, target.context)
     meta = {"label": label, "endpoint": target.endpoint, "model": target.model, "suite": suite,
             "context_length": target.context, "pool_tokens": target.pool_tokens,
@@ -122,7 +129,8 @@ def load_label(label_dir: pathlib.Path) -> dict:
 def main(args) -> int:
     try:
         label_dir = run_gate(args.endpoint, args.label, args.out, suite=args.suite, model=args.model,
-                             run_id=args.run_id, context_length=args.context_length)
+                             run_id=args.run_id, context_length=args.context_length,
+                             server_pid=getattr(args, "server_pid", None))
     except C.GateError as exc:
         print(f"dsv41 gate run: {exc}", file=sys.stderr)
         return 2

@@ -120,29 +120,41 @@ def speed_rules(a: dict, b: dict, a2: dict, floor: float) -> list[dict]:
     shortfall 1 - slower/faster, the relative IQR of all control repeats)."""
     per_cell, invalid, kill = {}, [], []
     for cell in C.SPEED_CELLS:
-        ra, rb, ra2 = (d["cells"][cell]["tok_s_reps"] for d in (a, b, a2))
+        basis = speed_basis(cell, a, b, a2)
+        ra, rb, ra2 = (d["cells"][cell][basis] for d in (a, b, a2))
         ma, mb, ma2 = (float(np.median(r)) for r in (ra, rb, ra2))
         ctrl = (ma + ma2) / 2
         noise = max(floor, rel_spread(ra), rel_spread(ra2))
         shortfall = 1 - min(ma, ma2) / max(ma, ma2) if max(ma, ma2) > 0 else 1.0
         tol = max(noise, shortfall, rel_spread(list(ra) + list(ra2)))
         ratio = mb / ctrl if ctrl > 0 else 0.0
-        per_cell[cell] = {"control_tok_s": [ma, ma2], "candidate_tok_s": mb, "control_mean": ctrl,
+        per_cell[cell] = {"basis": basis, "control_tok_s": [ma, ma2], "candidate_tok_s": mb, "control_mean": ctrl,
                           "control_shortfall": shortfall, "control_noise": noise, "candidate_ratio": ratio,
                           "tolerance": tol, "kill_below": 1 - tol}
+        unit = "tok/s" if basis == "tok_s_reps" else "tok per server CPU-s"
         if shortfall > INVALID_FACTOR * noise:
-            invalid.append(f"{cell}: controls {ma:.1f} / {ma2:.1f} tok/s, the slower {shortfall:.0%} below "
+            invalid.append(f"{cell}: controls {ma:.1f} / {ma2:.1f} {unit}, the slower {shortfall:.0%} below "
                            f"the faster > noise {noise:.0%}")
         if ratio < 1 - tol:
-            kill.append(f"{cell}: {mb:.1f} tok/s = {ratio:.2f} x the controls' mean {ctrl:.1f} "
+            kill.append(f"{cell}: {mb:.1f} {unit} = {ratio:.2f} x the controls' mean {ctrl:.1f} "
                         f"(kill below {1 - tol:.2f})")
     return [
         rule("controls.speed", "INVALID" if invalid else "ok",
              "; ".join(invalid) or "control medians within their noise on every speed cell", cells=per_cell),
         rule("speed", "KILL" if kill else "ok",
              "; ".join(kill) or "candidate within the controls' spread (or faster) on every speed cell",
-             cells={c: {k: v[k] for k in ("candidate_ratio", "kill_below")} for c, v in per_cell.items()}),
+             cells={c: {k: v[k] for k in ("basis", "candidate_ratio", "kill_below")} for c, v in per_cell.items()}),
     ]
+
+
+def speed_basis(cell: str, *boots: dict) -> str:
+    """What a speed cell is judged on: output tokens per server CPU-second when every boot recorded
+    them (the gate ran on the servers' machine, `--server-pid`), else tokens per wall-second.
+    Boots measured at different times on a shared machine see different load: their wall-clock
+    rates swing up to ~3x (a KILL of an equal line, issue 40), their CPU cost per token far less."""
+    if all("cpu_tok_s_reps" in d["cells"][cell] for d in boots):
+        return "cpu_tok_s_reps"
+    return "tok_s_reps"
 
 
 def t0_outputs(d: dict) -> dict:
