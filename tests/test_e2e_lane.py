@@ -75,3 +75,35 @@ def test_the_suites_lane_lists_every_shared_configuration_a_module_reads():
         mod = importlib.import_module(f"e2e.{path.stem}")
         for b in getattr(mod, "SHARED_BOOTS", ()):
             assert tuple(b) in conftest.LANE_ORDER, (path.name, b)
+
+
+def test_two_threads_taking_a_queued_configuration_share_one_run(monkeypatch, tmp_path):
+    """The lane is busy with a held run; two test threads ask for a configuration queued behind
+    it at once: one cancels the lane's future and runs it, the other waits for that run."""
+    release, inside = threading.Event(), threading.Event()
+    calls = []
+
+    def run_config(model, keys, args, *, name="", **kw):
+        calls.append(name)
+        if name == "dense stock":
+            assert release.wait(30)
+        if name == "dsv4 stock":
+            inside.set()
+            assert release.wait(30)          # still running when the second thread asks
+        return canary.ConfigRun(model, dict(keys), dict(args))
+
+    monkeypatch.setattr(canary, "run_config", run_config)
+    boots = Boots(tmp_path)
+    boots.prefetch([("dense", "stock"), ("dsv4", "stock")])
+    got = []
+    first = threading.Thread(target=lambda: got.append(boots.config("dsv4", "stock")))
+    first.start()
+    assert inside.wait(30)
+    second = threading.Thread(target=lambda: got.append(boots.config("dsv4", "stock")))
+    second.start()
+    release.set()
+    first.join(30)
+    second.join(30)
+    boots.close()
+    assert calls.count("dsv4 stock") == 1, calls
+    assert len(got) == 2 and got[0] is got[1]

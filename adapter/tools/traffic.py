@@ -219,47 +219,34 @@ def dsv4_idle_session_resume(server: CpuServer) -> dict:
 
 
 def decode_beside_chunked_prefill(server: CpuServer, prompt_tokens: int = DSV4_YIELD_PROMPT,
-                                  stream_tokens: int = 48, started: int = 4,
-                                  timeout: float = 600) -> dict:
+                                  stream_tokens: int = 48, timeout: float = 600) -> dict:
     """One greedy stream (32-token prompt, `stream_tokens` new tokens, logprobs) decodes while a
-    `prompt_tokens` prompt (longer than one chunk) prefills in chunks with max_new_tokens 1, sent
-    once the stream has `started` tokens. Every decode batch holds the stream alone (the long
-    prompt finishes at its prefill), so both records are comparable across servers at T=0.
-    Returns {"stream": Record, "prompt": Record}; raises if the stream fails or ends first."""
+    `prompt_tokens` prompt (longer than one chunk) prefills in chunks with max_new_tokens 1.
+
+    Both go as one /generate with a batch of input_ids, which the tokenizer manager hands to the
+    scheduler as one message (BatchTokenizedGenerateReqInput): the scheduler admits the stream's
+    32 tokens and the prompt's first chunk together, so the stream is a decode row from the end of
+    that chunk on, on every boot, whatever the machine's load. (Sent as two requests, the prompt
+    arrived when the client got to it: on a loaded machine after the stream had ended, issue 40.)
+    Every decode batch holds the stream alone (the long prompt finishes at its prefill), so both
+    records are comparable across servers at T=0. Returns {"stream": Record, "prompt": Record};
+    raises if the answer is not the two requests' complete outputs."""
     stream_prompt = token_ids(60, 32)
-    last: dict = {}
-    seen: list = []
-    errors: list = []
-
-    def run() -> None:
-        payload = {"input_ids": stream_prompt, "return_logprob": True,
-                   "sampling_params": {"temperature": 0.0, "max_new_tokens": stream_tokens,
-                                       "ignore_eos": True}}
-        try:
-            for event in stream_events(server.url, payload, timeout=timeout):
-                last["event"] = event
-                seen.append(int(event["meta_info"]["completion_tokens"]))
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(f"{type(exc).__name__}: {exc}")
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + timeout
-    while not seen or seen[-1] < started:
-        if errors or not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"decode stream did not start: {errors or 'no tokens'}")
-        time.sleep(0.02)
     long_prompt = token_ids(70, prompt_tokens)
-    prompt = _record("chunked-beside-stream", long_prompt,
-                     server.generate(long_prompt, max_new_tokens=1, timeout=timeout))
-    running_after = seen[-1] < stream_tokens
-    thread.join(timeout=timeout)
-    if errors or "event" not in last:
-        raise RuntimeError(f"decode stream failed: {errors}")
-    if not running_after:
-        raise RuntimeError("the stream finished before the chunked prompt did: raise stream_tokens")
-    return {"stream": _record("stream-beside-chunked", stream_prompt, last["event"]),
-            "prompt": prompt}
+    payload = {"input_ids": [stream_prompt, long_prompt], "return_logprob": True,
+               "sampling_params": [{"temperature": 0.0, "max_new_tokens": stream_tokens, "ignore_eos": True},
+                                   {"temperature": 0.0, "max_new_tokens": 1, "ignore_eos": True}]}
+    resp = requests.post(server.url + "/generate", json=payload, timeout=timeout)
+    resp.raise_for_status()
+    answers = resp.json()
+    if not isinstance(answers, list) or len(answers) != 2:
+        raise RuntimeError(f"expected two answers for the batch, got {str(answers)[:300]}")
+    stream, prompt = (_record(name, ids, answer) for name, ids, answer in (
+        ("stream-beside-chunked", stream_prompt, answers[0]), ("chunked-beside-stream", long_prompt, answers[1])))
+    if len(stream.ids) != stream_tokens or len(prompt.ids) != 1:
+        raise RuntimeError(f"incomplete answers: stream {len(stream.ids)} of {stream_tokens} tokens, "
+                           f"prompt {len(prompt.ids)} of 1")
+    return {"stream": stream, "prompt": prompt}
 
 
 # --- decode yield: stream cadence during a chunked prefill --------------------------------------

@@ -182,15 +182,29 @@ class Boots:
         return self._get(*self._config_call(model, name))
 
     def _get(self, key, call):
+        """The run of `key`: the lane's (waited for), or one in this thread when the lane has not
+        started it. Every run of a key goes through one Future in `_queued`, the lane's or one made
+        here and marked running before the lock is released, so a second caller (or a queueing
+        that comes late) waits for that run instead of starting another: one run per key,
+        whatever the threads' interleaving (tests/test_e2e_lane.py)."""
         with self._lock:
-            queued = self._queued.get(key)
-        if queued is not None and not queued.cancel():
-            return queued.result()          # the lane runs it (or ran it): wait for that run
-        with self._lock:
-            self._queued.pop(key, None)
             if key in self.runs:
                 return self.runs[key]
-        return call()
+            queued = self._queued.get(key)
+            mine = None
+            if queued is None or queued.cancel():
+                mine = concurrent.futures.Future()
+                mine.set_running_or_notify_cancel()      # cancel() of it now returns False
+                self._queued[key] = mine
+        if mine is None:
+            return queued.result()          # the lane runs it (or ran it): wait for that run
+        try:
+            result = call()
+        except BaseException as exc:
+            mine.set_exception(exc)
+            raise
+        mine.set_result(result)
+        return result
 
     def _run(self, key, model, keys, args, progress, name, scenarios):
         if scenarios is None:

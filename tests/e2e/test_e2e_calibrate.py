@@ -7,8 +7,9 @@ The dense tiny model with DSV41_DECODE_YIELD=33 and the production line's CPU la
    `dsv41 calibrate yield`;
 2. the fitted model (DSV41_DECODE_YIELD_MODEL=<the printed value>), a boot of its own: the yield
    scenario again.
-Asserted: the fit, the receipts naming the model in use, and that the fitted model plans far more
-decode steps for the same prompt (the integer cost model, replicated state: deterministic). The
+Asserted: the fit, the receipts naming the model in use, and that each boot planned, for the
+same prompt, what its model's planner gives (the integer cost model on replicated state), the
+fitted model more: judged on the planner's decisions, not on wall-clock figures of the fit. The
 achieved shares (cadence) are printed, not compared: a time ratio across two boots of a 2-core
 machine belongs to a benchmark.
 """
@@ -22,6 +23,7 @@ import sys
 
 import pytest
 
+from adapter import decode_yield
 from adapter.cpu.server import CpuServer
 from adapter.tools import canary, traffic
 
@@ -108,6 +110,31 @@ def test_the_fitted_model_plans_more_yield_for_the_same_prompt(calibration):
     c_chunks, c_planned = long_prompt(calibration["cluster_yielded"])
     f_chunks, f_planned = long_prompt(calibration["fitted_yielded"])
     assert c_chunks == f_chunks > 0                  # the same chunk boundaries
-    # the cluster constants price a CPU chunk far above its decode steps' real share: the fit
-    # (from this server's own log) plans several times the steps for the same prompt
-    assert f_planned > 3 * c_planned, (c_planned, f_planned)
+    # Judged on the planner's decisions, not on the fit's wall-clock figures: whatever constants
+    # the fit found on this machine under its load, each boot planned what its model gives for the
+    # prompt's chunks, with the two streams' contexts anywhere in what they can hold then (the one
+    # input that depends on timing). The fitted constants price a CPU chunk far above its decode
+    # steps' share, so its range sits above the cluster's.
+    cluster_model = decode_yield.CLUSTER
+    fitted_model = decode_yield.CostModel(*(int(v) for v in calibration["fit"]["value"].split(",")))
+    for planned, model in ((c_planned, cluster_model), (f_planned, fitted_model)):
+        low, high = planned_range(model, f_chunks)
+        assert low <= planned <= high, (model, planned, low, high)
+    assert planned_range(fitted_model, f_chunks)[0] > planned_range(cluster_model, f_chunks)[1]
+    assert f_planned > c_planned
+
+
+def planned_range(model, chunks: int) -> tuple[int, int]:
+    """The decode steps decode_yield's planner gives the cadence prompt's first `chunks` chunks
+    (4,096 tokens each after i x 4,096 cached; the pass holds that chunk alone) beside two streams
+    whose contexts are between their 32-token prompts and 32 + STREAM_TOKENS."""
+    chunk = int(_args()["--chunked-prefill-size"])
+    interval = int(_args().get("--prefill-decode-interval") or 1)
+    low = high = 0
+    for i in range(chunks):
+        pass_us = decode_yield.pass_cost_us([chunk], [i * chunk], model)
+        cheap = decode_yield.step_cost_us(2, 2 * 32, model)        # fewest context tokens: most steps
+        dear = decode_yield.step_cost_us(2, 2 * (32 + traffic.STREAM_TOKENS), model)
+        low += decode_yield.yield_steps(SHARE, pass_us, dear, interval)
+        high += decode_yield.yield_steps(SHARE, pass_us, cheap, interval)
+    return low, high

@@ -51,7 +51,14 @@ FAULT_ARGS = {"--chunked-prefill-size": "512", "--max-total-tokens": "4096",
               # boots get it (the engine then keys its admin routes itself, admin_guard adds
               # nothing: tests/e2e/test_e2e_admin.py covers the line without it)
               "--admin-api-key": "dsv41-faults-admin"}
-FAULT_ENV = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
+# DSV41CPU_LOG_IDLE_PASSES: the harness logs each idle pass after work once the engine's strict
+# idle checks ran (adapter/cpu/idle_passes.py): wait_idle() waits for that line.
+FAULT_ENV = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1", "DSV41CPU_LOG_IDLE_PASSES": "1"}
+# An aborted request's own output: long enough that it is still running when its abort lands
+# (the scheduler is paused in place first, so what it does meanwhile is nothing; this covers the
+# moment between the log showing its prefill pass and the pause, a few ms against ~2 s of decode).
+ABORT_NEW = 256
+NUDGE = [7, 8, 9]        # wait_idle's request: 3 ids of the tiny vocabulary
 # Probe logprobs within the same boot move with the path (a prefix hit vs a recompute, another
 # batch); two stock boots agree within ~4e-6 (tests/e2e/test_e2e_server.py). 1e-4 is the suite's
 # T=0 tolerance (traffic.LOGPROB_TOL): far below any change of a greedy choice.
@@ -162,6 +169,7 @@ class Schedule:
         self.swa = None
         self.metrics_mid: dict = {}
         self.passed_before_abort: dict = {}     # kind -> thin's passed checkpoints per aborted request
+        self.idle_checks = 0                    # idle passes waited for (each logged by the engine's scheduler)
 
     @property
     def url(self) -> str:
@@ -193,9 +201,13 @@ class Schedule:
         return sum(v for k, v in self.metrics().items()
                    if k.startswith("dsv41_swa_thin_checkpoints_passed_total"))
 
-    def wait_idle(self, then_s: float = 3.0) -> None:
-        """Until no request runs or queues, then `then_s` more: the scheduler's idle pass (its
-        strict memory and tree checks) has run."""
+    def idle_passes(self) -> int:
+        return self.sched_log().count("[dsv41-cpu] idle pass ")
+
+    def wait_idle(self) -> None:
+        """Until no request runs or queues and the scheduler has logged an idle pass after its last
+        work: its strict memory and tree checks ran (they raise on a leak: the scheduler dies). A
+        bound, not a measurement: the wait follows the engine's own state."""
         deadline = time.monotonic() + 300
         while True:
             m = self.metrics()
@@ -205,92 +217,19 @@ class Schedule:
                 break
             assert time.monotonic() < deadline, f"server still busy: {busy}"
             time.sleep(0.2)
-        time.sleep(then_s)
+        # One 1-token request after everything else, then its idle pass: the count passes the
+        # mark only once the scheduler was idle again after all earlier work (a pass logged
+        # before the mark, for the earlier work, does not count).
+        mark = self.idle_passes()
+        self.server.generate(NUDGE, max_new_tokens=1)
+        while self.idle_passes() <= mark:
+            assert time.monotonic() < deadline and self.server.returncode is None, "no idle pass logged"
+            time.sleep(0.1)
+        self.idle_checks += 1
 
-    def healthy(self) -> bool:
-        return self.server.healthy()
-
-    # --- requests ------------------------------------------------------------------------------
-    def good(self, kind: str, ids: list, n: int, sampling=None, **extra) -> dict | None:
-        try:
-            resp = requests.post(self.url + "/generate", json=_gen(ids, n, sampling, **extra),
-                                 timeout=600)
-            body = resp.json()
-            got = len(body["output_ids"]) if resp.ok else 0
-            self.retractions += int(body.get("meta_info", {}).get("num_retractions", 0) or 0) if resp.ok else 0
-            self.ops.append(Op(kind, resp.ok and got == n, f"{resp.status_code}, {got} of {n} tokens"))
-            return body if resp.ok else None
-        except (requests.RequestException, ValueError) as exc:
-            self.ops.append(Op(kind, False, f"{type(exc).__name__}: {exc}"[:200]))
-            return None
-
-    def run_probes(self, label: str) -> None:
-        out = []
-        short, chunked = traffic.token_ids(11, 40), traffic.token_ids(12, 1300)
-        for name, ids in (("short", short), ("chunked", chunked), ("cache-hit", chunked)):
-            body = self.good(label, ids, 16, return_logprob=True)
-            if body is not None:
-                out.append(traffic._record(name, ids, body))
-        if len(out) == 3:
-            turn = chunked + out[1].ids + traffic.token_ids(13, 40)
-            body = self.good(label, turn, 16, return_logprob=True)
-            if body is not None:
-                out.append(traffic._record("resume", turn, body))
-        self.probes[label] = out
-
-    def stream(self, kind: str, ids: list, n: int, *, drop_after_prefills=None, drop_after_tokens=None):
-        """A streamed request the client drops (closes its connection)."""
-        session = requests.Session()
-        mark = self.prefills()
-        try:
-            resp = session.post(self.url + "/generate", json={**_gen(ids, n), "stream": True},
-                                stream=True, timeout=300)
-            if drop_after_prefills is not None:
-                self.wait_prefills(mark, drop_after_prefills)
-                outcome = f"dropped after {drop_after_prefills} prefill passes"
-            else:
-                seen = 0
-                for raw in resp.iter_lines():
-                    if raw.startswith(b"data:") and raw[5:].strip() != b"[DONE]":
-                        seen += 1
-                    if seen >= drop_after_tokens:
-                        break
-                outcome = f"dropped after {seen} stream events"
-            resp.close()
-            self.ops.append(Op(kind, True, outcome))
-        except (requests.RequestException, AssertionError) as exc:
-            self.ops.append(Op(kind, False, f"{type(exc).__name__}: {exc}"[:120]))
-        finally:
-            session.close()
-
-    def abort_chunked(self, kind: str, ids: list, rid: str, after_prefills: int, streams=0):
-        """A chunked prompt aborted by /abort_request after `after_prefills` of its passes, with
-        `streams` decode streams running beside it (good requests: they must complete)."""
-        pool = cf.ThreadPoolExecutor(streams + 1)
-        stream_jobs = []
-        if streams:
-            mark = self.prefills()
-            stream_jobs = [pool.submit(self.good, kind, traffic.token_ids(500 + i, 32), 160)
-                           for i in range(streams)]
-            self.wait_prefills(mark, 1)             # the streams are in
-            time.sleep(0.5)                         # and decoding
-        passed = self.thin_passed()
-        mark = self.prefills()
-        target = pool.submit(requests.post, self.url + "/generate",
-                             json={**_gen(ids, 8), "rid": rid}, timeout=600)
-        try:
-            self.wait_prefills(mark, after_prefills)
-            requests.post(self.url + "/abort_request", json={"rid": rid}, timeout=60,
-                          headers=self.server.admin_headers()).raise_for_status()
-            resp = target.result(timeout=600)
-            self.passed_before_abort.setdefault(kind, []).append(self.thin_passed() - passed)
-            reason = resp.json().get("meta_info", {}).get("finish_reason", {}) if resp.ok else resp.text[:80]
-            self.ops.append(Op(kind, resp.status_code < 500, f"{resp.status_code} {reason}"))
-        except Exception as exc:  # noqa: BLE001 - recorded
-            self.ops.append(Op(kind, False, f"{type(exc).__name__}: {exc}"[:120]))
-        for job in stream_jobs:
-            job.result(timeout=600)
-        pool.shutdown()
+    def admin(self, path: str, body: dict) -> None:
+        requests.post(self.url + path, json=body, timeout=60,
+                      headers=self.server.admin_headers()).raise_for_status()
 
     def send(self, kind: str, path: str, body) -> int | str:
         try:
@@ -416,6 +355,9 @@ def test_production_stays_healthy_completes_good_requests_and_leaks_nothing(runs
     assert not bad, bad
     sched = "\n".join(t for r, t in prod.logs.items() if r.startswith("sglang::scheduler"))
     assert not [ln for ln in sched.splitlines() if any(p in ln for p in LEAK + SCHED_ERRORS)]
+    # ... and the engine's strict idle checks ran after the faults, twice (each wait_idle() waited
+    # for the scheduler's idle pass after its work; SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE)
+    assert prod.idle_checks == 2 and sched.count("[dsv41-cpu] idle pass ") >= 2
     assert prod.retractions >= 1, "the schedule must retract at least one request"
     # The SWA pool is small enough that the idle session's window is evicted on stock.
     assert runs["stock"].swa["resume"].cached_tokens < runs["stock"].swa["session_tokens"]

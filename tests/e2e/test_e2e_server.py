@@ -92,9 +92,27 @@ def test_drifted_pin_stops_the_real_boot_naming_the_key(tmp_path):
     assert server.group_alive() == []
 
 
-def test_a_boot_that_times_out_leaves_no_process(tmp_path):
+def test_a_boot_that_times_out_leaves_no_process(tmp_path, monkeypatch):
+    """A boot that never turns healthy is stopped whole when its time is up. /health is made to
+    answer 503 here (as while the engine loads), so the boot times out on any machine, a fast one
+    too, and the group is stopped wherever its boot got to by then (launcher alone, or with the
+    scheduler and detokenizer)."""
+    import requests
+
+    from adapter.cpu import server as server_module
+
+    real_get = requests.get
+
+    def loading(url, *args, **kwargs):
+        if url.endswith("/health"):
+            response = requests.Response()
+            response.status_code = 503
+            return response
+        return real_get(url, *args, **kwargs)
+
+    monkeypatch.setattr(server_module.requests, "get", loading)
     server = CpuServer("dense", name="timeout", log_dir=tmp_path)
-    with pytest.raises(BootError):
-        server.start(timeout=8)           # the scheduler is still loading: stopped mid-boot
+    with pytest.raises(BootError, match="not healthy after 15s"):
+        server.start(timeout=15)
     assert server.returncode is not None
     assert server.group_alive() == []

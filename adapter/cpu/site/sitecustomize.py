@@ -12,6 +12,8 @@ then runs the next sitecustomize on sys.path: the repo's own, exactly as product
   5. DSV41CPU_STEP_EXTRA_WORK=<factor> (tests only): after each batch the scheduler works that
      factor of the batch's CPU time, a planted speed regression for `dsv41 gate`
      (adapter/cpu/step_work.py);
+  5b. DSV41CPU_LOG_IDLE_PASSES=1 (tests only): the scheduler logs each idle pass after work, once
+     the engine's idle checks ran (adapter/cpu/idle_passes.py);
   6. DSV41CPU_WATCH_IMPORTS=<module>[,<module>] (tests only): when one of them is imported, the
      process writes "[dsv41-cpu] imported <module> from <file>:<line>" (the importing frame);
   7. DSV41CPU_AUTOTUNE_AGREE=<dir> (tests only): each scheduler runs the engine's autotune cache
@@ -58,6 +60,10 @@ def _arm():
 
         step_work.factor()          # a bad value ends the process here, not in the scheduler
         wrapt.register_post_import_hook(step_work.apply, step_work.MODULE)
+    if os.environ.get("DSV41CPU_LOG_IDLE_PASSES") == "1":
+        from adapter.cpu import idle_passes
+
+        wrapt.register_post_import_hook(idle_passes.apply, idle_passes.MODULE)
     if os.environ.get("DSV41CPU_AUTOTUNE_AGREE"):
         from adapter.cpu import autotune_agree
 
