@@ -7,10 +7,24 @@
 # either part fails. DSV41_TESTS=e2e / unit runs one part only (.ci/run: e2e, after
 # scripts/image_test.sh ran the unit part). PYTHON: the interpreter that runs the tests (default
 # the repo's .venv/bin/python). Extra arguments go to both pytest runs.
+# --load N (first argument): run beside N busy processes (one busy loop each, at normal priority,
+# stopped when the script ends), to check that no verdict depends on the machine's load
+# (issue 40: the README records a run beside one busy process per core).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 WHICH=${DSV41_TESTS:-all}
+load_pids=()
+if [ "${1:-}" = "--load" ]; then
+    n=${2:?"--load N: the number of busy processes"}
+    shift 2
+    for _ in $(seq "$n"); do
+        "$PY" -c 'while True: pass' &
+        load_pids+=($!)
+    done
+    trap 'kill "${load_pids[@]}" 2>/dev/null || true' EXIT
+    echo "[test] beside $n busy processes (pids ${load_pids[*]})"
+fi
 scripts/lint_dockerfiles.sh
 unit() {
     "$PY" -m pytest -q -p no:cacheprovider -n "${DSV41_TEST_WORKERS:-2}" tests --ignore=tests/e2e "$@"

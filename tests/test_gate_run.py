@@ -157,3 +157,30 @@ def test_cells_resume_and_server_failures(tmp_path, monkeypatch, capsys):
     with pytest.raises(C.GateError, match="A needle: the server failed: InternalServerError"):
         gate_run.run_gate("http://fake", "A", str(tmp_path), run_id="r", cells=("t0", "needle"))
     assert not (d / "needle.json").exists() and (d / "t0.json").exists()
+
+
+def test_free_port_is_outside_the_ephemeral_range_and_held_until_released(tmp_path):
+    """CPU servers bind their ports tens of seconds after the harness picks them: a port is taken
+    below the kernel's ephemeral range and held (flock) until released, so another harness
+    process cannot pick it meanwhile."""
+    import fcntl
+    import os
+    import tempfile
+
+    from adapter.cpu import server
+
+    port = free_port()
+    try:
+        assert port < server._ephemeral_low()
+        lock = os.path.join(tempfile.gettempdir(), "dsv41-cpu-ports", f"{port}.lock")
+        fd = os.open(lock, os.O_RDWR)
+        try:
+            with pytest.raises(OSError):             # another process's attempt fails while held
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+        other = free_port()
+        assert other != port
+        server.release_port(other)
+    finally:
+        server.release_port(port)

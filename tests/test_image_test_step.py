@@ -73,3 +73,23 @@ def test_the_test_command_runs_the_parts_asked_and_fails_when_either_fails(tmp_p
     assert kinds == sorted(runs), seen
     assert all(c.endswith("-x") for c in seen)                  # extra arguments reach both runs
     assert not list(tmp_path.glob("dsv41-unit-*.log"))          # the held unit output is removed
+
+
+def test_load_switch_starts_busy_processes_and_passes_the_rest_on(tmp_path):
+    """scripts/test.sh --load N: N busy processes beside the suite; the arguments after it reach
+    pytest, `--load N` does not."""
+    import subprocess
+
+    if not (REPO_ROOT / ".venv/bin/hadolint").exists() and shutil.which("hadolint") is None:
+        pytest.skip("hadolint not installed (requirements/cpu.lock)")
+    fake, calls = _fake_python(tmp_path)
+    env = dict(os.environ, PYTHON=str(fake), DSV41_TESTS="unit", TMPDIR=str(tmp_path))
+    res = subprocess.run(["scripts/test.sh", "--load", "3", "-x"], cwd=REPO_ROOT, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "beside 3 busy processes" in res.stdout
+    seen = calls.read_text().splitlines()
+    busy = [c for c in seen if c == "-c while True: pass"]
+    runs = [c for c in seen if "pytest" in c]
+    assert len(busy) == 3 and len(runs) == 1, seen
+    assert runs[0].endswith("-x") and "--load" not in runs[0]

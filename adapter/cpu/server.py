@@ -140,10 +140,54 @@ def _stop_all() -> None:
             server.stop()
 
 
+# A CPU server binds its ports 30-70 s after the harness chose them. A port the kernel handed out
+# for port 0 could meanwhile go to any other process's outgoing connection or port-0 bind, so the
+# harness takes its ports below the kernel's ephemeral range (which the kernel never hands out on
+# its own) and holds each, with an flock on a file named after it, from the moment it is chosen
+# until the server stops: two harness processes (the e2e lane, a canary beside the suite) never
+# pick the same one.
+_HELD_PORTS: dict = {}          # port -> fd of its held lock file
+PORT_SPAN = 12_000
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port nobody listens on, outside the ephemeral range, held until release_port()."""
+    import fcntl
+    import random
+
+    high = _ephemeral_low()
+    low = max(1024, high - PORT_SPAN)
+    lock_dir = pathlib.Path(tempfile.gettempdir()) / "dsv41-cpu-ports"
+    lock_dir.mkdir(exist_ok=True)
+    for _ in range(2000):
+        port = random.randrange(low, high)
+        if port in _HELD_PORTS:
+            continue
+        fd = os.open(lock_dir / f"{port}.lock", os.O_CREAT | os.O_RDWR, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind(("127.0.0.1", port))          # nobody has it now
+        except OSError:
+            os.close(fd)                                # held by another harness, or bound
+            continue
+        _HELD_PORTS[port] = fd
+        return port
+    raise RuntimeError(f"no free loopback port in {low}..{high - 1}")
+
+
+def release_port(port: int) -> None:
+    fd = _HELD_PORTS.pop(port, None)
+    if fd is not None:
+        os.close(fd)
 
 
 @dataclasses.dataclass(eq=False)
@@ -345,6 +389,8 @@ class CpuServer:
         left = self.group_alive()
         if left:
             raise RuntimeError(f"server {self.name or self.model}: processes {left} survived SIGKILL")
+        for port in (self.port, self.dist_port, *self.node_ports):
+            release_port(port)
 
     def __enter__(self) -> "CpuServer":
         return self if self.proc is not None else self.start()
