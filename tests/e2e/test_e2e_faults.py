@@ -227,6 +227,97 @@ class Schedule:
             time.sleep(0.1)
         self.idle_checks += 1
 
+    def healthy(self) -> bool:
+        return self.server.healthy()
+
+    # --- requests ------------------------------------------------------------------------------
+    def good(self, kind: str, ids: list, n: int, sampling=None, **extra) -> dict | None:
+        try:
+            resp = requests.post(self.url + "/generate", json=_gen(ids, n, sampling, **extra),
+                                 timeout=600)
+            body = resp.json()
+            got = len(body["output_ids"]) if resp.ok else 0
+            self.retractions += int(body.get("meta_info", {}).get("num_retractions", 0) or 0) if resp.ok else 0
+            self.ops.append(Op(kind, resp.ok and got == n, f"{resp.status_code}, {got} of {n} tokens"))
+            return body if resp.ok else None
+        except (requests.RequestException, ValueError) as exc:
+            self.ops.append(Op(kind, False, f"{type(exc).__name__}: {exc}"[:200]))
+            return None
+
+    def run_probes(self, label: str) -> None:
+        out = []
+        short, chunked = traffic.token_ids(11, 40), traffic.token_ids(12, 1300)
+        for name, ids in (("short", short), ("chunked", chunked), ("cache-hit", chunked)):
+            body = self.good(label, ids, 16, return_logprob=True)
+            if body is not None:
+                out.append(traffic._record(name, ids, body))
+        if len(out) == 3:
+            turn = chunked + out[1].ids + traffic.token_ids(13, 40)
+            body = self.good(label, turn, 16, return_logprob=True)
+            if body is not None:
+                out.append(traffic._record("resume", turn, body))
+        self.probes[label] = out
+
+    def stream(self, kind: str, ids: list, n: int, *, drop_after_prefills=None, drop_after_tokens=None):
+        """A streamed request the client drops (closes its connection)."""
+        session = requests.Session()
+        mark = self.prefills()
+        try:
+            resp = session.post(self.url + "/generate", json={**_gen(ids, n), "stream": True},
+                                stream=True, timeout=300)
+            if drop_after_prefills is not None:
+                self.wait_prefills(mark, drop_after_prefills)
+                outcome = f"dropped after {drop_after_prefills} prefill passes"
+            else:
+                seen = 0
+                for raw in resp.iter_lines():
+                    if raw.startswith(b"data:") and raw[5:].strip() != b"[DONE]":
+                        seen += 1
+                    if seen >= drop_after_tokens:
+                        break
+                outcome = f"dropped after {seen} stream events"
+            resp.close()
+            self.ops.append(Op(kind, True, outcome))
+        except (requests.RequestException, AssertionError) as exc:
+            self.ops.append(Op(kind, False, f"{type(exc).__name__}: {exc}"[:120]))
+        finally:
+            session.close()
+
+    def abort_chunked(self, kind: str, ids: list, rid: str, after_prefills: int, streams=0):
+        """A chunked prompt aborted by /abort_request after `after_prefills` of its passes, with
+        `streams` decode streams running beside it (good requests: they must complete)."""
+        pool = cf.ThreadPoolExecutor(streams + 1)
+        stream_jobs = []
+        if streams:
+            mark = self.prefills()
+            stream_jobs = [pool.submit(self.good, kind, traffic.token_ids(500 + i, 32), 160)
+                           for i in range(streams)]
+            self.wait_prefills(mark, 1)             # the streams are in
+            time.sleep(0.5)                         # and decoding
+        passed = self.thin_passed()
+        mark = self.prefills()
+        target = pool.submit(requests.post, self.url + "/generate",
+                             json={**_gen(ids, ABORT_NEW), "rid": rid}, timeout=600)
+        try:
+            self.wait_prefills(mark, after_prefills)
+            # The abort lands where the engine is, not where it got to by the time the request
+            # arrives: the scheduler is paused in place (the engine's own admin route; it keeps
+            # taking requests, runs no batch), takes the abort, then goes on.
+            self.admin("/pause_generation", {"mode": "in_place"})
+            try:
+                self.admin("/abort_request", {"rid": rid})
+            finally:
+                self.admin("/continue_generation", {})
+            resp = target.result(timeout=600)
+            self.passed_before_abort.setdefault(kind, []).append(self.thin_passed() - passed)
+            reason = resp.json().get("meta_info", {}).get("finish_reason", {}) if resp.ok else resp.text[:80]
+            self.ops.append(Op(kind, resp.status_code < 500, f"{resp.status_code} {reason}"))
+        except Exception as exc:  # noqa: BLE001 - recorded
+            self.ops.append(Op(kind, False, f"{type(exc).__name__}: {exc}"[:120]))
+        for job in stream_jobs:
+            job.result(timeout=600)
+        pool.shutdown()
+
     def admin(self, path: str, body: dict) -> None:
         requests.post(self.url + path, json=body, timeout=60,
                       headers=self.server.admin_headers()).raise_for_status()
