@@ -29,7 +29,7 @@ class Key:
     multiple_of: Optional[int] = None
     volatile: bool = True
     enables: bool = False     # setting this key (to non-zero) turns its adapter on
-    test_only: bool = False   # never in a profile
+    test_only: bool = False   # on no profile line but a test line (`dsv41 check` refuses it)
     fields: tuple = ()        # "ints": ((name, lo, hi), ...) in value order
 
 
@@ -85,6 +85,12 @@ EXTRA_VOLATILE = ("SGLANG_RUN_ID", "SGLANG_HOST_IP", "SGLANG_PORT", "NCCL_DEBUG"
 
 _TRUE = {"1", "true", "on", "yes"}
 _FALSE = {"0", "false", "off", "no"}
+
+
+def test_only_keys(environ: Mapping[str, str]) -> list[Key]:
+    """The test-only keys (Key.test_only) set in `environ`, in registry order: no profile line but
+    a test line may carry one (adapter/tools/profile.py refuse_test_only)."""
+    return [k for k in KEYS if k.test_only and k.name in environ]
 
 
 def volatile_keys() -> tuple[str, ...]:
