@@ -74,8 +74,9 @@ KEYS: tuple[Key, ...] = (
         doc="the engine's admin routes (ADMIN_OPTIONAL) answer HTTP 403 naming --admin-api-key "
             "unless that key is configured"),
     Key("DSV41_ADMIN_GUARD_TEST", "flag", "admin_guard", default=0, test_only=True,
-        doc="test-only: admin_guard leaves /flush_cache open for the CPU harness, which empties "
-            "the radix cache between its scenarios; in no profile"),
+        doc="test-only: admin_guard leaves /flush_cache open (a hole in the guard, for its unit "
+            "tests; the CPU harness flushes with the engine's --admin-api-key); on no line but a "
+            "test line"),
 )
 
 KEY_BY_NAME = {k.name: k for k in KEYS}

@@ -12,6 +12,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 WHICH=${DSV41_TESTS:-all}
 scripts/lint_dockerfiles.sh
+scripts/lint_imports.sh     # the package's floors (pyproject.toml [tool.importlinter])
 unit() {
     "$PY" -m pytest -q -p no:cacheprovider -n "${DSV41_TEST_WORKERS:-2}" tests --ignore=tests/e2e "$@"
 }
