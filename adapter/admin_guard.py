@@ -35,9 +35,9 @@ no auth middleware there), an app with no ADMIN_OPTIONAL route, a failure to add
 A failure of the decision itself on a request is a fallback line too, and the request goes on
 unchanged: no exception of ours reaches the engine.
 
-Test only: `DSV41_ADMIN_GUARD_TEST=1` (in no profile) leaves `/flush_cache` open, for the CPU
-harness (adapter/cpu/server.py `flush_cache`), which empties the radix cache between the canary's
-scenarios on every boot alike.
+Test only: `DSV41_ADMIN_GUARD_TEST=1` leaves `/flush_cache` open (a hole, for this module's unit
+tests). No harness sets it: the CPU harness flushes with the engine's own --admin-api-key
+(adapter/cpu/server.py `admin_calls`); `dsv41 check` refuses it on a line that is not a test line.
 
 Receipts: `[dsv41] admin_guard installed: ...` at import of the HTTP server module; one line when
 the guard is added to the app (how many routes it closes) or left out (admin key set); the first

@@ -29,7 +29,7 @@ class Key:
     multiple_of: Optional[int] = None
     volatile: bool = True
     enables: bool = False     # setting this key (to non-zero) turns its adapter on
-    test_only: bool = False   # never in a profile
+    test_only: bool = False   # on no profile line but a test line (`dsv41 check` refuses it)
     fields: tuple = ()        # "ints": ((name, lo, hi), ...) in value order
 
 
@@ -74,8 +74,9 @@ KEYS: tuple[Key, ...] = (
         doc="the engine's admin routes (ADMIN_OPTIONAL) answer HTTP 403 naming --admin-api-key "
             "unless that key is configured"),
     Key("DSV41_ADMIN_GUARD_TEST", "flag", "admin_guard", default=0, test_only=True,
-        doc="test-only: admin_guard leaves /flush_cache open for the CPU harness, which empties "
-            "the radix cache between its scenarios; in no profile"),
+        doc="test-only: admin_guard leaves /flush_cache open (a hole in the guard, for its unit "
+            "tests; the CPU harness flushes with the engine's --admin-api-key); on no line but a "
+            "test line"),
 )
 
 KEY_BY_NAME = {k.name: k for k in KEYS}
@@ -85,6 +86,12 @@ EXTRA_VOLATILE = ("SGLANG_RUN_ID", "SGLANG_HOST_IP", "SGLANG_PORT", "NCCL_DEBUG"
 
 _TRUE = {"1", "true", "on", "yes"}
 _FALSE = {"0", "false", "off", "no"}
+
+
+def test_only_keys(environ: Mapping[str, str]) -> list[Key]:
+    """The test-only keys (Key.test_only) set in `environ`, in registry order: no profile line but
+    a test line may carry one (adapter/tools/profile.py refuse_test_only)."""
+    return [k for k in KEYS if k.test_only and k.name in environ]
 
 
 def volatile_keys() -> tuple[str, ...]:

@@ -103,7 +103,7 @@ def run_boot(label, index, spec, model, scale, trace, run_dir, seed, say, calibr
     session_tokens = (sc.session_system + sc.session_first
                       + sc.session_turns * (sc.turn_output + sc.session_user))
     server = CpuServer(model, keys=spec["keys"], args=args, name=f"{index}-{label}",
-                       log_dir=boot_dir / "server")
+                       log_dir=boot_dir / "server", admin_calls=True)   # the workload flushes
     out = {"label": label, "index": index, "keys": spec["keys"], "args": args, "errors": []}
     began = time.monotonic()
     try:

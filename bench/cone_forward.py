@@ -9,7 +9,8 @@ prefix hit at F, extend [F, L)) with R (cone's replay: prefix on full KV only at
 session's SWA evicted and overwritten with noise, cone's plan / copy / mask / floor as production
 runs them, extend [s, L)), row for row and byte for byte, then DECODE_STEPS decode steps after
 each. Negative controls switch one step off and must be detected. Harness:
-adapter/cpu/cone_forward.py; stand-ins: adapter/cpu/dsv4/attention.py.
+adapter/cpu/cone_forward/ (proof.py; model.py / indexer.py stand in for the model and the c4
+indexer's query side); stand-ins: adapter/cpu/dsv4/attention.py.
 
 Exit 0 only when every case is bit-equal (no evicted-slot read either) and every control is
 detected. Progress per case on stderr. CPU seconds are process time (one torch thread).

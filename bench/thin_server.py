@@ -189,7 +189,7 @@ def _core_of(server: CpuServer, env: dict) -> str:
 def run_boot(variant: str, args) -> dict:
     keys, launch, env = config(variant)
     with CpuServer("swa", keys=keys, args=launch, name=f"thin-bench-{variant}",
-                   extra_env=env) as server:
+                   extra_env=env, admin_calls=True) as server:     # idle_resume flushes
         rps, cpu_ms = short_requests(server, args.requests, args.prompt_tokens, args.new_tokens,
                                      args.concurrency)
         resume = idle_resume(server)

@@ -26,6 +26,7 @@ if [ "${1:-}" = "--load" ]; then
     echo "[test] beside $n busy processes (pids ${load_pids[*]})"
 fi
 scripts/lint_dockerfiles.sh
+scripts/lint_imports.sh     # the package's floors (pyproject.toml [tool.importlinter])
 unit() {
     "$PY" -m pytest -q -p no:cacheprovider -n "${DSV41_TEST_WORKERS:-2}" tests --ignore=tests/e2e "$@"
 }

@@ -101,3 +101,41 @@ def test_a_broken_sitecustomize_fails_the_check_naming_the_cause(tmp_path, broke
     assert proc.returncode != 0, proc.stdout
     rows = {r["adapter"]: r for r in json.loads(proc.stdout)}
     assert not rows["decode_yield"]["installed"] and cause in rows["decode_yield"]["reason"], rows
+
+
+def _profile_copy(tmp_path, env_var, add):
+    """A copy of the shipped profile with `add` appended to the line variable `env_var`."""
+    from adapter.tools import profile
+
+    text = (REPO_ROOT / ".env.tp4.example").read_text()
+    value = profile.read_vars(REPO_ROOT / ".env.tp4.example").get(env_var)
+    lines = [ln for ln in text.splitlines() if not ln.startswith(f"{env_var}=")]
+    lines.append(f'{env_var}="{(value + " ") if value else ""}{add}"')
+    path = tmp_path / "profile.env"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("key", ["DSV41_ADMIN_GUARD_TEST", "DSV41_SWA_CONE_TEST_NO_COPY"])
+def test_a_test_only_key_on_the_production_line_is_refused_naming_it(tmp_path, key):
+    """The issue's copy of the profile: a test-only key on the production line stops `dsv41 check`
+    with exit 2 (exits.USAGE, a bad key) naming the key, before any child runs."""
+    path = _profile_copy(tmp_path, "EXTRA_CONTAINER_ENV", f"{key}=1")
+    proc = run_python(CLI, argv=("check", "--profile", path), timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"{key}=1" in proc.stderr and "test-only" in proc.stderr and "'production'" in proc.stderr
+    assert "enabled adapters installed" not in proc.stdout         # refused before the child
+
+
+def test_a_test_only_key_is_refused_on_every_line_that_is_not_a_test_line():
+    from adapter import keys
+    from adapter.tools import profile
+
+    env = {"DSV41_ADMIN_GUARD": "1", "DSV41_ADMIN_GUARD_TEST": "1"}
+    for name in ("production", "control", "canary", "testing", "pretest"):
+        with pytest.raises(keys.ConfigError, match="DSV41_ADMIN_GUARD_TEST=1"):
+            profile.refuse_test_only(profile.Line(name, env, ()))
+    for name in ("test", "test_cone", "TEST_ADMIN"):                 # test lines may carry one
+        profile.refuse_test_only(profile.Line(name, env, ()))
+    profile.refuse_test_only(profile.Line("production", {"DSV41_ADMIN_GUARD": "1"}, ()))
+    assert [k.name for k in keys.test_only_keys(env)] == ["DSV41_ADMIN_GUARD_TEST"]

@@ -4,7 +4,7 @@ The engine's DeepseekV4AttnBackend (GB10 / SM120 dispatch, torch sparse attentio
 and top-k), its DeepSeekV4TokenToKVPool and ForwardBatch, layers of compress ratio 0, 4 and 128,
 page 256, window 128; cone installed by the production installer. H is a prefix hit at F, R is
 cone's replay from s = F - N; rows >= F (and what they read) must be bit-equal, and every
-negative control must be detected. Harness: adapter/cpu/cone_forward.py (bench/cone_forward.py
+negative control must be detected. Harness: adapter/cpu/cone_forward/ (bench/cone_forward.py
 runs the full case list).
 """
 import pytest

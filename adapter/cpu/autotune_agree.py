@@ -6,7 +6,7 @@ engine's own `_drop_diverged_autotune_cache` three times on its per-rank cache f
 the engine's own tactic sync group (`_autotune_tactic_sync_group(get_parallel().tp_group)`: the
 gloo CPU group of the TP ranks, across the nodes of a multi-node boot), with autotune_keep wrapped
 around it when its key is set, as the engine does before tuning:
-  1. no cache on any rank: every rank "tunes" (adapter/tools/sims/autotune_keep.py's stand-in for
+  1. no cache on any rank: every rank "tunes" (adapter/cpu/flashinfer_cache.py, the stand-in for
      FlashInfer's save_configs layout) and autotune_keep seals the launch sidecar, as its context
      hook does after the engine saved;
   2. the caches are there on every rank: kept on every rank;
@@ -46,7 +46,7 @@ def run_rounds(workdir: pathlib.Path) -> None:
 
     from sglang.srt.runtime_context import get_parallel
 
-    from adapter.tools.sims import autotune_keep as sim
+    from adapter.cpu import flashinfer_cache as fi_cache
 
     mod = importlib.import_module(ENGINE_MODULE)
     parallel = get_parallel()
@@ -55,14 +55,14 @@ def run_rounds(workdir: pathlib.Path) -> None:
         return
     rank, world = parallel.tp_rank, parallel.tp_size
     workdir.mkdir(parents=True, exist_ok=True)
-    path = sim.cache_file(workdir, rank)
+    path = fi_cache.cache_file(workdir, rank)
     keep = _keep_installed()
     for n in (1, 2, 3):
         if n == 3 and rank == world - 1 and path.is_file():
-            sim._damage(path, "cache-json")
-        mod._drop_diverged_autotune_cache(path, group, dict(sim.STAMP))
+            fi_cache._damage(path, "cache-json")
+        mod._drop_diverged_autotune_cache(path, group, dict(fi_cache.STAMP))
         if n == 1 and not path.is_file():
-            sim._fake_tune(path, rank, 0, dict(sim.STAMP))
+            fi_cache._fake_tune(path, rank, 0, dict(fi_cache.STAMP))
             if keep is not None:
                 keep.seal(path)
         sys.stderr.write(f"[dsv41-cpu] autotune agreement round {n} rank {rank}: cache "

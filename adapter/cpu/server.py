@@ -17,6 +17,12 @@ per node, `--nnodes N --node-rank r --dist-init-addr 127.0.0.1:<port>` (the rank
 on `port`; a node r > 0 runs only its schedulers and the engine's health stub, on a port of its
 own (on the cluster every node uses the same port on its own host). Each node is a process group
 of its own; `stop()` ends them all (node 0 first: it broadcasts the engine's shutdown).
+
+The boot is the line it is given: the harness sets no DSV41_* key of its own. Where the harness
+calls admin routes (`admin_calls=True`: flush_cache() between scenarios, /abort_request) and the
+line closes them (admin_guard on, no --admin-api-key), it empties the cache as an operator would:
+the boot gets the engine's own `--admin-api-key` with a random key per boot (`harness_args`,
+which the canary prints as a difference from the line) and admin_headers() sends it.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ import contextlib
 import dataclasses
 import os
 import pathlib
+import secrets
 import signal
 import socket
 import subprocess
@@ -140,6 +147,18 @@ def _stop_all() -> None:
             server.stop()
 
 
+ADMIN_KEY_FLAG = "--admin-api-key"
+
+
+def closes_admin_routes(keys: Mapping[str, str], args: Mapping[str, Optional[str]]) -> bool:
+    """Whether a boot of these keys and launch args answers its admin routes (/flush_cache,
+    /abort_request ...) 403 to a client without a key: admin_guard on and no --admin-api-key
+    (adapter/admin_guard.py). Stock leaves them open."""
+    from adapter import keys as key_registry
+
+    return key_registry.parse_env(keys).enabled("admin_guard") and not args.get(ADMIN_KEY_FLAG)
+
+
 # A CPU server binds its ports 30-70 s after the harness chose them. A port the kernel handed out
 # for port 0 could meanwhile go to any other process's outgoing connection or port-0 bind, so the
 # harness takes its ports below the kernel's ephemeral range (which the kernel never hands out on
@@ -206,6 +225,12 @@ class CpuServer:
     node_procs: list = dataclasses.field(default_factory=list)   # nodes 1..N-1 (Popen)
     node_ports: list = dataclasses.field(default_factory=list)   # their health-stub ports
     dist_port: int = 0                          # --dist-init-addr port (nodes > 1)
+    # The harness calls admin routes on this boot (flush_cache(), /abort_request): where the line
+    # closes them (admin_guard on, no --admin-api-key) the boot gets the engine's own
+    # --admin-api-key with a random key per boot, and admin_headers() sends it, as an operator
+    # who flushes or aborts would. `harness_args` says what was added (reports print it).
+    admin_calls: bool = False
+    harness_args: dict = dataclasses.field(default_factory=dict)   # launch args the harness added
 
     @property
     def url(self) -> str:
@@ -227,6 +252,7 @@ class CpuServer:
         merged = dict(DEFAULT_ARGS)
         merged.update(MODEL_DEFAULT_ARGS.get(self.model, {}))
         merged.update(self.args)
+        merged.update(self.harness_args)
         port = self.port if node_rank == 0 else self.node_ports[node_rank - 1]
         argv = [sys.executable, "-m", "sglang.launch_server", "--model-path",
                 str(models.ensure_model(self.model)), "--host", "127.0.0.1", "--port", str(port),
@@ -252,10 +278,6 @@ class CpuServer:
 
             env.update(ENGINE_ENV)
             env["DSV41CPU_DSV4"] = "1"
-        if self.keys.get("DSV41_ADMIN_GUARD", "0") not in ("", "0"):
-            # the harness empties the radix cache between scenarios (flush_cache(): an admin
-            # route): admin_guard's test-only switch leaves that one route open on CPU servers
-            env["DSV41_ADMIN_GUARD_TEST"] = "1"
         env.update(self.extra_env)
         env.setdefault("OMP_NUM_THREADS", "1")
         tp = int(self.args.get("--tp-size") or 1)
@@ -284,6 +306,8 @@ class CpuServer:
             self.log_dir = pathlib.Path(tempfile.mkdtemp(prefix=f"dsv41-cpu-{self.name or self.model}-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port()
+        if self.admin_calls and closes_admin_routes(self.keys, self.args):
+            self.harness_args = {ADMIN_KEY_FLAG: secrets.token_hex(16)}    # one per boot
         if self.nodes > 1:
             self.dist_port = self.dist_port or free_port()
             self.node_ports = self.node_ports or [free_port() for _ in range(self.nodes - 1)]
@@ -455,17 +479,24 @@ class CpuServer:
         return self.returncode is None and self.healthy()
 
     def admin_headers(self) -> dict:
-        """The engine's admin key as a bearer token when the boot has `--admin-api-key` (its admin
-        routes then need it: /flush_cache, /abort_request ...), else no header."""
-        key = self.args.get("--admin-api-key")
+        """The engine's admin key as a bearer token when the boot has `--admin-api-key` (the
+        line's, or the harness's: admin_calls) (its admin routes then need it: /flush_cache,
+        /abort_request ...), else no header."""
+        key = self.harness_args.get(ADMIN_KEY_FLAG) or self.args.get(ADMIN_KEY_FLAG)
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     def flush_cache(self, wait_s: float = 0.0) -> None:
         """Empty the radix cache (the engine's /flush_cache; it answers 400 while a request is
-        running): retry for up to `wait_s` seconds, e.g. while aborted streams drain."""
+        running): retry for up to `wait_s` seconds, e.g. while aborted streams drain. A boot whose
+        line closes the admin routes needs admin_calls=True (the engine's own admin key)."""
         deadline = time.monotonic() + wait_s
         while True:
             resp = requests.post(self.url + "/flush_cache", headers=self.admin_headers(), timeout=60)
+            if resp.status_code in (401, 403) and not self.admin_headers():
+                raise RuntimeError(
+                    f"server {self.name or self.model}: /flush_cache answered {resp.status_code}: "
+                    "the line closes the admin routes (admin_guard) and the boot has no "
+                    f"{ADMIN_KEY_FLAG}; boot it with CpuServer(admin_calls=True)")
             if resp.status_code != 400 or time.monotonic() >= deadline:
                 resp.raise_for_status()
                 return

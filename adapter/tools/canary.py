@@ -5,14 +5,18 @@ For each model (dense Llama-shaped, hybrid-SWA Mellum-shaped: adapter/cpu/models
 control line, runs the traffic, stops it, then does the same for the chosen line
 (adapter/cpu/server.py: production install path, one process group, per-process logs). Only the
 lines' DSV41_* keys and the launch arguments that mean something on one CPU rank are used; every
-other variable and argument is listed as ignored, with the reason.
+other variable and argument is listed as ignored, with the reason. The harness adds no DSV41_*
+key; what a boot has that its line has not (a key scaled to a tiny model's pools, the engine's own
+--admin-api-key where the harness empties the cache of a line that closes the admin routes:
+FLUSHING) is listed as scaled, with the reason.
 
 Per adapter: installed (per process), receipt and fallback lines seen, T=0 equality (n of n
 records, token ids equal and logprobs within traffic.LOGPROB_TOL), the measured effect (stream
 cadence during a chunked prefill, resume cached tokens, cone plans; input_guard: one request with
 a prompt id outside the vocabulary, sent to the line's boot, must get 400 and the server go
 on serving; admin_guard: one admin request with no key, POST /dump_expert_distribution_record, sent
-to the line's boot last, must get 403 naming --admin-api-key and the server go on serving),
+to the line's boot last, must get 403 naming --admin-api-key and the server go on serving; not
+sent to a boot that carries the harness's admin key),
 errors. Exit 0 only when every enabled adapter installed where it acts (the scheduler;
 input_guard, admin_guard: the launcher), outputs are equal and no request failed.
 """
@@ -29,36 +33,10 @@ from typing import Callable, Optional
 
 from adapter import keys as key_registry
 from adapter.table import ADAPTERS, COUNTING_ROLE
+# The line helpers live in the leaf module the gate shares; named here too for the canary's callers.
+from adapter.tools.lines import (IGNORED_WHY, KEPT_ARGS, MODEL_ARGS, cpu_models,  # noqa: F401
+                                 load_checked_lines, split_line)
 
-# Launch arguments kept from a profile line (they mean the same on one CPU rank).
-KEPT_ARGS = {"--prefill-decode-interval", "--swa-prefix-tails", "--radix-eviction-policy",
-             "--radix-eviction-policy-config", "--max-running-requests"}
-# Why the others are dropped, by flag (anything not named: "not meaningful on the CPU harness").
-IGNORED_WHY = {
-    "--tp-size": "one CPU rank (TP 2 on CPU: tests/e2e)", "--nnodes": "one host",
-    "--page-size": "dense / swa: the engine's default page for torch_native; dsv4: 256 (the same)",
-    "--chunked-prefill-size": "set per CPU model (MODEL_ARGS)",
-    "--dsv4-attn-backend": "dsv4: the engine's SM120 route with CPU stand-ins for its kernels "
-                           "(docs/cpu_server.md)",
-    "--kv-cache-dtype": "dense / swa: float32 on CPU; dsv4: the engine's fp8_e4m3 (the same)",
-    "--context-length": "the tiny models' own (dense / swa 32K, dsv4 8K)",
-    "--model-path": "the tiny CPU models", "--served-model-name": "not used",
-}
-# Per CPU model: chunk, pool sizes. Dense: 4,096-token chunks, so that the cost model plans more
-# than one decode step per chunk at share 33 / 50 (SPEC: at 256 it plans 1, like stock). SWA: a
-# small SWA pool (15 % of full) so that traffic evicts sliding windows while full KV stays.
-# DeepSeek-V4: the harness's page 256, SWA pool 25 % of full
-# (adapter/cpu/server.py MODEL_DEFAULT_ARGS), and --enable-metrics on both boots: swan's served
-# calls are read from the engine's /metrics (dsv41_swan_served_total); it changes no output.
-MODEL_ARGS = {
-    "dense": {"--chunked-prefill-size": "4096", "--max-total-tokens": "40960"},
-    "swa": {"--chunked-prefill-size": "1024", "--max-total-tokens": "8192",
-            "--swa-full-tokens-ratio": "0.15"},
-    # 1024-token chunks (traffic.DSV4_CHUNK): cone's first pass then holds the replay and the
-    # resume's new tokens, so rows past the resume point read the copied pages (at 512 = N the
-    # engine's checkpoint after the pass points them back at the resident ones).
-    "dsv4": {"--chunked-prefill-size": "1024", "--enable-metrics": ""},
-}
 CADENCE_PREFILL = {"dense": 24576}
 # Keys scaled to a CPU model's pools, by model: {key: (value, why)}. The tiny DeepSeek-V4's full
 # pool is 8192 tokens, so the profile's cone replay of 8192 would start every replay at 0, never
@@ -74,6 +52,20 @@ BAD_PROMPT = [5, 6, 5_000_000]
 # traffic (stock 0.5.23's scheduler dies on this one: expert_distribution.py _on_not_implemented;
 # it is not sent to the control).
 ADMIN_REQUEST = ("POST", "/dump_expert_distribution_record")
+# The scenarios that empty the radix cache first (CpuServer.flush_cache, an admin route), by the
+# models they flush on. A boot that runs one, of a line that closes the admin routes (admin_guard,
+# no --admin-api-key), gets the engine's own --admin-api-key (a random key per boot, CpuServer
+# admin_calls), printed as a difference from the line; its admin routes are then keyed, not the
+# line's, so admin_guard's probe is not sent there. The dense model's scenarios need no flush: its
+# cadence prompt shares no prefix with the equality traffic (page 1: a first token in common
+# would) and the pool evicts that traffic as it fills, so a dense boot is the line exactly.
+FLUSHING = {"window": ("swa", "dsv4"), "idle": ("swa", "dsv4"), "cadence": ("dsv4",),
+            "calibration": ("dense", "swa", "dsv4")}
+HARNESS_ADMIN_KEY = ("the harness empties the radix cache between its scenarios through the "
+                     "engine's admin route /flush_cache with the engine's own admin key, as an "
+                     "operator would; admin_guard then leaves the admin routes to the engine (keyed) "
+                     "on this boot, so its probe (403 without a key) runs on the boots that add "
+                     "nothing (dense)")
 AGREE_ENV = "DSV41CPU_AUTOTUNE_AGREE"      # --nodes: adapter/cpu/autotune_agree.py
 
 
@@ -81,37 +73,6 @@ def install_process(adapter: str) -> str:
     """The process an adapter must install in to act: its counting role's (adapter/table.py
     COUNTING_ROLE): "launcher" (HTTP + tokenizer manager) for "tokenizer", else "scheduler"."""
     return "launcher" if COUNTING_ROLE.get(adapter, "scheduler") == "tokenizer" else "scheduler"
-
-
-def load_checked_lines(path, *names) -> list:
-    """The named lines of a profile, each one's DSV41_* keys parsed, so a bad key stops the
-    command before anything boots. Raises OSError, profile.ProfileError, keys.ConfigError."""
-    from adapter.tools import profile
-
-    lines = [profile.load_line(path, name) for name in names]
-    for line in lines:
-        key_registry.parse_env(line.env)
-    return lines
-
-
-def split_line(line) -> tuple[dict, dict, dict]:
-    """(DSV41_* keys, kept launch args, {ignored name: why}) of a profile line."""
-    keys = {k: v for k, v in line.env.items() if k.startswith(key_registry.PREFIX)}
-    ignored = {k: "cluster environment (not read on the CPU harness)"
-               for k in line.env if not k.startswith(key_registry.PREFIX)}
-    args, words, i = {}, list(line.args), 0
-    while i < len(words):
-        flag = words[i]
-        value = ""
-        if i + 1 < len(words) and not words[i + 1].startswith("--"):
-            value = words[i + 1]
-            i += 1
-        i += 1
-        if flag in KEPT_ARGS:
-            args[flag] = value
-        else:
-            ignored[f"{flag} {value}".strip()] = IGNORED_WHY.get(flag, "not meaningful on the CPU harness")
-    return keys, args, ignored
 
 
 def model_keys(model: str, keys: dict) -> tuple[dict, dict]:
@@ -148,6 +109,7 @@ class ConfigRun:
     extras: dict = dataclasses.field(default_factory=dict)       # what on_server() returned
     bad_input: Optional[dict] = None                              # bad_input_probe (input_guard)
     admin: Optional[dict] = None                                  # admin_probe (admin_guard)
+    harness_args: dict = dataclasses.field(default_factory=dict)  # launch args the harness added
     metrics: str = ""        # the engine's /metrics after the traffic (boots with --enable-metrics)
 
     def lines(self, role_prefix: str = "") -> list[str]:
@@ -273,12 +235,17 @@ def admin_probe(server, requests_=(ADMIN_REQUEST,)) -> dict:
     return _served_after(server, out)
 
 
+def flushes(model: str, scenarios) -> bool:
+    """Whether these scenarios empty the radix cache on this model (FLUSHING)."""
+    return any(model in FLUSHING.get(name, ()) for name in scenarios)
+
+
 def run_config(model: str, keys: dict, args: dict, *,
                scenarios=("equality", "window", "idle", "cadence", "bad_input", "admin"),
                progress: Optional[Callable[[str], None]] = None, name: str = "",
                extra_env: Optional[dict] = None,
                on_server: Optional[Callable[[object], dict]] = None, nodes: int = 1,
-               cadence_prefill: Optional[int] = None) -> ConfigRun:
+               cadence_prefill: Optional[int] = None, admin_calls: Optional[bool] = None) -> ConfigRun:
     """Boot, run the traffic, stop; never leaves a process behind.
 
     scenarios may add "calibration" (traffic.calibration_run, for `dsv41 calibrate yield`);
@@ -288,7 +255,10 @@ def run_config(model: str, keys: dict, args: dict, *,
     after the traffic while the server still runs, returns what lands in run.extras.
     nodes > 1: the production topology on this machine, one launch process per node
     (CpuServer(nodes=...): --nnodes, --node-rank, --dist-init-addr on 127.0.0.1); --tp-size is
-    taken from args. cadence_prefill: the cadence prompt's tokens (default CADENCE_PREFILL)."""
+    taken from args. cadence_prefill: the cadence prompt's tokens (default CADENCE_PREFILL).
+    admin_calls: the harness calls admin routes on this boot (CpuServer admin_calls; default:
+    whether the scenarios flush on this model, flushes()); an on_server that calls one passes
+    True. What the harness added to the line is in run.harness_args (the key's value masked)."""
     from adapter.cpu.server import BootError, CpuServer
     from adapter.tools import traffic
 
@@ -296,12 +266,14 @@ def run_config(model: str, keys: dict, args: dict, *,
     merged = dict(MODEL_ARGS[model])
     merged.update(args)
     run = ConfigRun(model, dict(keys), dict(args))
+    calls = flushes(model, scenarios) if admin_calls is None else admin_calls
     server = CpuServer(model, keys=keys, args=merged, name=re.sub(r"[^A-Za-z0-9_.-]+", "-", name or model),
-                       extra_env=dict(extra_env or {}), nodes=nodes)
+                       extra_env=dict(extra_env or {}), nodes=nodes, admin_calls=calls)
     began = time.monotonic()
     try:
         say(f"{name or model}: booting ({model} model, {len(keys)} DSV41 keys)")
         server.start()
+        run.harness_args = {flag: "<random per boot>" for flag in server.harness_args}
         run.boot_s = round(server.boot_s, 1)
         say(f"{name or model}: up in {run.boot_s:.0f}s; equality traffic")
         chunk = int(merged["--chunked-prefill-size"])
@@ -322,7 +294,6 @@ def run_config(model: str, keys: dict, args: dict, *,
             say(f"{name or model}: a decode stream beside a chunked prefill")
             run.beside = traffic.decode_beside_chunked_prefill(server)
         if "cadence" in scenarios and model in CADENCE_PREFILL:
-            server.flush_cache()
             prefill = cadence_prefill or CADENCE_PREFILL[model]
             say(f"{name or model}: stream cadence during a {prefill}-token prefill")
             run.cadence = traffic.yield_cadence(server, prefill)
@@ -333,8 +304,12 @@ def run_config(model: str, keys: dict, args: dict, *,
             say(f"{name or model}: one request with a prompt id outside the vocabulary")
             run.bad_input = bad_input_probe(server)
         if "admin" in scenarios and key_registry.parse_env(keys).enabled("admin_guard"):
-            say(f"{name or model}: one admin request with no key")
-            run.admin = admin_probe(server)
+            if server.harness_args:
+                run.admin = {"skipped": "not sent: the boot carries the harness's --admin-api-key "
+                                        "(scaled), so its admin routes are keyed, not the line's"}
+            else:
+                say(f"{name or model}: one admin request with no key")
+                run.admin = admin_probe(server)
         if "--enable-metrics" in merged:
             import requests
 
@@ -432,6 +407,10 @@ def _effect(adapter: str, line: ConfigRun, control: ConfigRun) -> dict:
                 "line_served_after": line.bad_input["served_after"],
                 "control": "not sent (stock 0.5.23 dies on it: IndexError in the embedding)",
                 "rejected_lines": len([ln for ln in line.dsv41_lines(adapter) if " rejected " in ln])}
+    if adapter == "admin_guard" and line.admin and "skipped" in line.admin:
+        return {"admin_request": line.admin["skipped"],
+                "left_to_engine_lines": len([ln for ln in line.dsv41_lines(adapter)
+                                             if " left the " in ln])}
     if adapter == "admin_guard" and line.admin:
         request = line.admin["requests"][0]
         return {"admin_request": request, "line_status": line.admin["statuses"][request],
@@ -451,7 +430,7 @@ def _effect_failed(adapter: str, effect: dict) -> Optional[str]:
             effect["line_status"] == 400 and effect["line_served_after"]):
         return (f"input_guard: the bad request got {effect['line_status']}, served after: "
                 f"{effect['line_served_after']} (expected 400 and served)")
-    if adapter == "admin_guard" and effect and not (
+    if adapter == "admin_guard" and "line_status" in effect and not (
             effect["line_status"] == 403 and effect["names_flag"] and effect["line_served_after"]):
         return (f"admin_guard: {effect['admin_request']} got {effect['line_status']} (names "
                 f"--admin-api-key: {effect['names_flag']}), served after: "
@@ -565,8 +544,6 @@ def main(args, run: Callable = run_config) -> int:
     line_keys, line_args, ignored = split_line(line)
     control_keys, control_args, ignored_control = split_line(control)
     ignored.update({f"{k} (control)": v for k, v in ignored_control.items() if k not in ignored})
-    from adapter.tools.cli import cpu_models
-
     models = list(args.model) if isinstance(args.model, (list, tuple)) else cpu_models(args.model)
     phases = 2 * len(models)
     step = 0
@@ -605,9 +582,14 @@ def main(args, run: Callable = run_config) -> int:
                 # the same launch args on both boots; the workload runs after the canary's traffic
                 a = dict(a, **agent["args"])
                 extra["on_server"] = agent["on_server"]
+                extra["admin_calls"] = True            # the workload flushes the cache too
             runs[label] = run(model, k, a, progress=progress,
                               name=f"{step}/{phases} {model} {label if label == 'control' else args.line}",
                               **extra)
+            for flag, value in getattr(runs[label], "harness_args", {}).items():
+                # what the boot has that the line has not: printed with the scaled keys
+                report["scaled"][f"{flag} unset -> {value} ({model} "
+                                 f"{'control' if label == 'control' else args.line})"] = HARNESS_ADMIN_KEY
         report["models"][model] = model_report(model, runs["control"], runs["line"])
         if agent is not None:
             add_agent_report(report["models"][model], agent, runs["control"], runs["line"])

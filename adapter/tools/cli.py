@@ -12,6 +12,9 @@ import json
 import sys
 
 from adapter.tools import exits
+# The line and --cpu-model helpers every command shares (a leaf module: the gate and the canary
+# import it, not this one); named here too for callers of cli.
+from adapter.tools.lines import CPU_MODELS, add_cpu_model_arg, add_line_args, cpu_models  # noqa: F401
 
 SIMS = {  # `dsv41 sim NAME` -> module with main(argv) -> int
     "yield": "adapter.tools.sims.decode_yield",
@@ -23,11 +26,13 @@ SIMS = {  # `dsv41 sim NAME` -> module with main(argv) -> int
 
 
 def cmd_check(args) -> int:
+    from adapter import keys
     from adapter.tools import check, profile
 
     try:
         line = profile.load_line(args.profile, args.line)
-    except (OSError, profile.ProfileError) as exc:
+        profile.refuse_test_only(line)         # a test-only key on a line that is not a test line
+    except (OSError, profile.ProfileError, keys.ConfigError) as exc:
         print(f"dsv41 check: {exc}", file=sys.stderr)
         return exits.USAGE
     code, rows, stderr = check.run(line)
@@ -135,43 +140,6 @@ def cmd_calibrate(args) -> int:
     from adapter.tools import calibrate
 
     return calibrate.main(args)
-
-
-def add_line_args(p: argparse.ArgumentParser, line: str = "production", against: str | None = None,
-                  what: str = "the line to install") -> None:
-    """The one way to name profile lines: --profile FILE --line NAME [--against NAME]."""
-    p.add_argument("--profile", required=True, metavar="FILE",
-                   help="profile file with named lines, e.g. .env.tp4.example")
-    p.add_argument("--line", default=line, metavar="NAME", help=f"{what} (default {line})")
-    if against is not None:
-        p.add_argument("--against", default=against, metavar="NAME",
-                       help=f"the line it is compared with (default {against})")
-
-
-CPU_MODELS = {"dense": "Llama", "swa": "hybrid-SWA Mellum", "dsv4": "DeepSeek-V4"}
-
-
-def add_cpu_model_arg(p: argparse.ArgumentParser, choices, default) -> None:
-    # --cpu-model: the CPU harness's tiny model kind; gate run's --model is a served model name.
-    kinds = ", ".join(f"{m} ({CPU_MODELS[m]})" for m in choices if m in CPU_MODELS)
-    p.add_argument("--cpu-model", dest="model", choices=choices, default=default,
-                   help=f"tiny CPU model: {kinds} (default {default})")
-
-
-def cpu_models(value: str) -> list[str]:
-    """--cpu-model of `dsv41 canary`: one model, a comma list ("dense,dsv4"), "all" (the three)
-    or "both" (dense,swa: the default before the DeepSeek-V4 model, kept for scripts)."""
-    if value == "all":
-        return list(CPU_MODELS)
-    if value == "both":
-        return ["dense", "swa"]
-    models = [m.strip() for m in value.split(",") if m.strip()]
-    unknown = [m for m in models if m not in CPU_MODELS]
-    if unknown or not models:
-        raise argparse.ArgumentTypeError(
-            f"unknown CPU model {', '.join(unknown) or repr(value)}: choose from "
-            f"{', '.join(CPU_MODELS)} (a comma list), all, or both (dense,swa)")
-    return list(dict.fromkeys(models))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -78,9 +78,9 @@ WATCH = "prometheus_client"
 @functools.lru_cache(maxsize=1)
 def admin_requests() -> tuple:
     """(method, path) of every route the engine marks ADMIN_OPTIONAL, each of its methods, a path
-    parameter filled with "x"; /dump_expert_distribution_record (it kills stock) first. Not
-    /flush_cache: the harness flushes between scenarios, so the test-only switch
-    DSV41_ADMIN_GUARD_TEST=1 (CpuServer.environment) leaves it open on the CPU server."""
+    parameter filled with "x"; /dump_expert_distribution_record (it kills stock) first. The dense
+    production boot is the line exactly (its scenarios flush nothing, canary.FLUSHING), so
+    /flush_cache is closed there too."""
     import re
 
     from adapter import admin_guard
@@ -90,8 +90,7 @@ def admin_requests() -> tuple:
     from sglang.srt.entrypoints.http_server import app
 
     out = [(m, re.sub(r"\{[^}]+\}", "x", r.path)) for r in admin_guard.admin_routes(app)
-           if r.level == "admin_optional" and r.path not in admin_guard.HARNESS_ROUTES
-           for m in r.methods]
+           if r.level == "admin_optional" for m in r.methods]
     return tuple(sorted(out, key=lambda mp: mp != ("POST", "/dump_expert_distribution_record")))
 
 

@@ -1,8 +1,8 @@
 """admin_guard on the real CPU server: the production boot (shared, tests/e2e/e2e_configs.py) is
 sent one request with no key on every route the engine marks ADMIN_OPTIONAL, after its traffic
-(`_production`, the boot's on_server hook), but /flush_cache: the harness flushes the radix cache
-between scenarios, so on the CPU server the test-only switch DSV41_ADMIN_GUARD_TEST=1 leaves it
-open (canary.run_config; tests/test_admin_guard.py shows it closed without the switch). Stock's answer to the same requests is not sent here:
+(`_production`, the boot's on_server hook). The dense boot is the production line exactly: its
+scenarios never empty the cache (canary.FLUSHING), so the harness adds no admin key and no switch.
+Stock's answer to the same requests is not sent here:
 one of them (POST /dump_expert_distribution_record) kills the stock scheduler; the unit tests show
 stock's path reaching the manager (tests/test_admin_guard.py, negative control)."""
 import re
@@ -50,6 +50,5 @@ def _per_template():
     want = {}
     for route in admin_guard.admin_routes(app):
         if route.level == "admin_optional":
-            if route.path not in admin_guard.HARNESS_ROUTES:  # open on the harness (test switch)
-                want[route.path] = want.get(route.path, 0) + len(route.methods)
+            want[route.path] = want.get(route.path, 0) + len(route.methods)
     return want

@@ -3,8 +3,8 @@
 Boots the profile's control line (label A), its candidate line (B), the control line again (A2),
 one at a time, each a real `sglang.launch_server` (adapter/cpu/server.py: CpuServer), and runs
 `gate run` against each; then `gate verdict`. Only a line's DSV41_* keys and the launch args that
-mean the same on one CPU rank are used (adapter/tools/canary.py: split_line), over the CPU
-model's args (canary.MODEL_ARGS) and the gate's own (`GATE_ARGS`). A label already measured in
+mean the same on one CPU rank are used (adapter/tools/lines.py: split_line), over the CPU
+model's args (lines.MODEL_ARGS) and the gate's own (`GATE_ARGS`). A label already measured in
 full under the run id is not booted again (resume).
 """
 from __future__ import annotations
@@ -41,9 +41,9 @@ GATE_ARGS = {"--context-length": "8192", "--max-total-tokens": "16384", "--chat-
 def server_args(model: str, args: dict) -> dict:
     """The CPU model's args, the gate's, then the line's. One served model name on every boot (the
     verdict refuses to compare boots that served different names)."""
-    from adapter.tools import canary
+    from adapter.tools.lines import MODEL_ARGS
 
-    merged = dict(canary.MODEL_ARGS[model])
+    merged = dict(MODEL_ARGS[model])
     merged.update(GATE_ARGS)
     merged["--served-model-name"] = f"dsv41-cpu-{model}"
     merged.update(args)
@@ -88,16 +88,17 @@ def boot_and_run(label: str, model: str, keys: dict, args: dict, out: str, run_i
 def main(args) -> int:
     from adapter import keys as key_registry
     from adapter.cpu.server import BootError
-    from adapter.tools import canary, profile
+    from adapter.tools import profile
     from adapter.tools.gate import verdict
+    from adapter.tools.lines import load_checked_lines, split_line
 
     try:
-        control, candidate = canary.load_checked_lines(args.profile, args.against, args.line)
+        control, candidate = load_checked_lines(args.profile, args.against, args.line)
     except (OSError, profile.ProfileError, key_registry.ConfigError) as exc:
         print(f"dsv41 gate boot: {exc}", file=sys.stderr)
         return 2
-    ctrl_keys, ctrl_args, _ = canary.split_line(control)
-    cand_keys, cand_args, _ = canary.split_line(candidate)
+    ctrl_keys, ctrl_args, _ = split_line(control)
+    cand_keys, cand_args, _ = split_line(candidate)
     run_id = args.run_id or datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
     boots = []
     try:

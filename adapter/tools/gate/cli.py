@@ -62,7 +62,7 @@ def add_parser(sub) -> None:
     v.set_defaults(func=_verdict)
     b = gs.add_parser("boot", help="CPU harness: boot control / candidate / control lines of a profile "
                                    "in turn, gate each, judge")
-    from adapter.tools.cli import add_cpu_model_arg, add_line_args
+    from adapter.tools.lines import add_cpu_model_arg, add_line_args
 
     add_line_args(b, against="control", what="the candidate line")
     add_cpu_model_arg(b, ["dense", "swa"], "dense")

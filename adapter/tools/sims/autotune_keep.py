@@ -6,7 +6,7 @@ by autotune_keep through the production installer) on their per-rank cache files
 `flashinfer_autotune_context` does before tuning. Then each rank does what the engine does next:
 load its file if it is there, tune otherwise.
 
-Faked, and only this: FlashInfer's autotuner (GPU only). "Tuning" here writes a per-rank cache file
+Faked, and only this: FlashInfer's autotuner (GPU only; adapter/cpu/flashinfer_cache.py). "Tuning" writes a per-rank cache file
 in FlashInfer 0.7.2's save_configs() layout (`_metadata` stamp, [runner, tactic] entries,
 `_generation`), with rank-specific entries as under expert parallelism and tactics that depend on
 the boot (the timing noise that makes stock tactics drift); "loading" parses it as load_configs()
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import hashlib
 import json
 import multiprocessing
 import os
@@ -31,12 +30,12 @@ import sys
 import tempfile
 from typing import Optional
 
-ENGINE_MODULE = "sglang.srt.model_executor.runner.flashinfer_autotune"
+# The stand-in for FlashInfer's autotuner cache files lives with the CPU stand-ins (the CPU
+# server's agreement rounds use it too: adapter/cpu/autotune_agree.py); named here for callers.
+from adapter.cpu.flashinfer_cache import (SHAPES, STAMP, _damage, _fake_tune,  # noqa: F401
+                                          _load_like_flashinfer, cache_file)
 
-# What FlashInfer's _collect_metadata() returns on the cluster (a stand-in: no GPU here).
-STAMP = {"flashinfer_version": "0.7.2", "cuda_version": "13.0", "cublas_version": "130000",
-         "cudnn_version": "91000", "cudnn_frontend_version": "1.12.0",
-         "cutlass_dsl_version": "4.2.0", "gpu": "NVIDIA GB10"}
+ENGINE_MODULE = "sglang.srt.model_executor.runner.flashinfer_autotune"
 
 BASE_ARGS = ("--model-path", "/models/DeepSeek-V4.1-Flash", "--tp-size", "4", "--nnodes", "4",
              "--page-size", "256", "--chunked-prefill-size", "8192", "--dsv4-attn-backend",
@@ -47,7 +46,6 @@ BASE_ENV = {"SGLANG_SM120_FLASHMLA_BACKEND": "flashinfer", "SGLANG_FLASHINFER_AU
             "DSV41_SWA_THIN": "1", "DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_TOKENS": "8192",
             "SGLANG_RUN_ID": "run-1"}
 _PREFIXES = ("SGLANG_", "DSV41_", "SPARK_", "B12X_", "NCCL_")
-SHAPES = ("moe_gemm1|tokens=1", "moe_gemm1|tokens=64", "moe_gemm2|tokens=1", "moe_gemm2|tokens=64")
 
 
 @dataclasses.dataclass
@@ -73,47 +71,6 @@ def default_boots() -> list[Boot]:
 
 
 # --- one rank of one boot (runs in a forked child) --------------------------------------------
-
-def cache_file(workdir: pathlib.Path, rank: int) -> pathlib.Path:
-    return workdir / f"rank_tp{rank}_pp0_dp0.json"
-
-
-def _damage(path: pathlib.Path, how: str) -> None:
-    side = path.with_name(path.name + ".launch")
-    if how == "cache-json":
-        path.write_text(path.read_text()[: len(path.read_text()) // 2])
-    elif how == "cache-entry":
-        data = json.loads(path.read_text())
-        data[SHAPES[0]] = "not-a-list"
-        path.write_text(json.dumps(data))
-    elif how == "cache-delete":
-        path.unlink(missing_ok=True)
-    elif how == "sidecar-json":
-        side.write_text("{not json")
-    elif how == "sidecar-delete":
-        side.unlink(missing_ok=True)
-    else:
-        raise ValueError(how)
-
-
-def _fake_tune(path: pathlib.Path, rank: int, boot_index: int, stamp: dict) -> dict:
-    """Stand-in for FlashInfer tuning + save_configs(): per-rank entries, boot-dependent tactics."""
-    configs = {}
-    for shape in SHAPES + (f"moe_local_experts|ep_rank={rank}",):
-        noise = hashlib.sha256(f"{boot_index}|{shape}".encode()).digest()[0] % 8
-        configs[shape] = ["TrtllmGenFusedMoERunner", [noise, rank % 2]]
-    out = {"_metadata": stamp, **dict(sorted(configs.items()))}
-    out["_generation"] = hashlib.sha256(json.dumps(out, sort_keys=True).encode()).hexdigest()
-    path.write_text(json.dumps(out, indent=2))
-    return configs
-
-
-def _load_like_flashinfer(path: pathlib.Path) -> dict:
-    configs = json.loads(path.read_text())
-    for k in ("_metadata", "_records", "_generation"):
-        configs.pop(k, None)
-    return {k: (v[0], v[1]) for k, v in configs.items()}
-
 
 def _rank_main(rank: int, world: int, port: int, boot: Boot, boot_index: int,
                workdir: str, result_dir: str) -> None:
