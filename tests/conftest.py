@@ -1,7 +1,31 @@
 """Test harness: the pinned engine on CPU, and in-process installs of adapters.
 
-The only stand-in is adapter/cpu/cpu_engine.py's torchvision shim (PyPI's torchvision is CUDA-linked
-and cannot load beside CPU torch); every engine class used here is the real one.
+The engine's classes are the real ones wherever they run on CPU: scheduler, PrefillAdder,
+UnifiedRadixCache (Python, Rust and thin's tree cores), pools and allocators, Req, ScheduleBatch,
+ForwardBatch, the result processor, DeepseekV4AttnBackend over a DeepSeekV4TokenToKVPool (through
+the engine kit's MockDSV4ModelRunner, which reads no model), runtime_context.publish(ServerArgs).
+What stands in, and why:
+- PyPI's torchvision is CUDA-linked and cannot load beside CPU torch: adapter/cpu/cpu_engine.py
+  answers its imports with placeholders that raise if called (installed below, for every test).
+- GPU kernels (Triton, CUDA-JIT, TileLang, FlashInfer, FlashMLA) have CPU stand-ins in
+  adapter/cpu/dsv4/ (checked against the kernels' documented rules, and against the Triton
+  kernels under Triton's interpreter where one exists: tests/test_cpu_dsv4_*.py), and swan's
+  kernel its CPU twin (tests/test_swan_twin.py).
+- NCCL / another TP rank: one process is one rank, so a collective's answer from another rank is
+  planted where a test needs one (say so at the stand-in: tests/test_swa_cone_failure.py,
+  tests/test_autotune_keep.py); real multi-rank runs are the e2e TP2 boot's.
+- Another process or a socket: the scheduler's stream to the tokenizer manager and its metrics
+  reporter (tests/test_swa_cone_failure.py, tests/test_hooks_survive_aborts.py and the decode
+  yield sim, adapter/tools/sims/decode_yield.py, whose docstring lists its stand-ins), HTTP
+  transports in the gate / agent-traffic tests, and workloads that need a live server.
+- Engine test kits' own needs: `datasets` (not installed) while the unified-radix-cache kit
+  imports, and its Rust inspector (the wheel lacks the mem_cache_inspection build):
+  tests/test_swa_thin_core_engine.py.
+- A few unit tests drive one function with a namespace holding only the attributes it reads
+  (tests/test_swa_thin_core.py, test_cpu_torch_native_fix.py, test_cpu_dsv4_stores.py,
+  test_plugin_coexistence.py, test_autotune_keep.py, test_gate_run.py). The input and admin
+  guards' tests (tests/test_input_guard.py, tests/test_admin_guard.py) still use a stand-in
+  tokenizer manager / Manager; they are being moved to the engine's own classes (issue 40).
 """
 import os
 import pathlib

@@ -288,13 +288,29 @@ def test_a_pair_that_disagrees_misses_the_goal():
     assert "line 300%" in goals["resume-ttft"]["text"]
 
 
-def _canned_agent_report(equal, total):
-    two = {"control_s": 1.0, "line_s": 0.5}
-    return {"ok": equal == total > 0, "outputs": {"equal": equal, "total": total},
-            "resume_ttft_p50": two, "resume_cached_fraction": {"control": 0.0, "line": 0.97},
-            "stream_itl_p50": two, "stream_itl_p99": two, "stream_rate_ratio": {"control": 0.1, "line": 0.5},
-            "long_ttft": {"line_over_control": 1.2}, "short_throughput": {"line_over_control": 1.0},
-            "short_ttft_p50": {"line_over_control": 1.0}}
+def _boot_rows(resume_ttft, rate_ratio, phases):
+    """One boot's agent-traffic rows as run_agent_traffic returns them (the fields
+    canary_report / compare read)."""
+    return {"phases": phases,
+            "resume": {"ttft_p50_s": resume_ttft, "cached_fraction": 0.97 if resume_ttft < 1 else 0.0,
+                       "resumed": [{"text": "r"}]},
+            "streams": {"itl_p50_s": 0.05, "itl_p99_s": 0.5, "rate_ratio": rate_ratio, "long_ttft_s": 2.0},
+            "short": {"request_throughput": 3.0, "ttft_p50_s": 0.2}}
+
+
+# The engine's request log of one boot: three conversation turns inside the agent..resume phases
+# (07:00:10 - 07:00:50), one request after them (the canary's own traffic: not compared).
+PHASES = {"agent": [1_900_000_000.0, 1_900_000_020.0], "resume": [1_900_000_030.0, 1_900_000_050.0]}
+
+
+def _request_log(outputs):
+    import datetime
+
+    lines = []
+    for k, (t, out) in enumerate(zip((12, 25, 45, 70), outputs)):
+        ts = datetime.datetime.fromtimestamp(1_900_000_000 + t).isoformat(timespec="microseconds")
+        lines.append(_log_line(ts, f"r{k}", [100 + k, 7, 7], out))
+    return "\n".join(lines) + "\n"
 
 
 @pytest.mark.parametrize("equal", [3, 2])
@@ -302,20 +318,34 @@ def test_canary_traffic_agent_runs_the_workload_on_both_boots_of_a_windowed_mode
                                                                                   capsys, equal):
     """`dsv41 canary --traffic agent`: each model with a canary scale gets the workload's launch
     args and on_server on both its boots, and its rows in models.<m>.agent_traffic; a model
-    without one (dense) is reported as skipped; outputs that differ fail the model's report."""
+    without one (dense) is reported as skipped; outputs that differ fail the model's report.
+
+    Only the workload itself (canary_setup: it needs a live server) is a stand-in: its on_server
+    returns rows of the run_agent_traffic shape, the boot's request log holds the outputs, and
+    the report is agent_traffic.canary_report's own (compare of the rows, the T=0 outputs read
+    from the logs within the workload's phases)."""
     from adapter.tools import canary, cli
 
     calls = []
+    rows = {"control": _boot_rows(2.0, 0.1, PHASES), "line": _boot_rows(0.5, 0.4, PHASES)}
+    control_out = [[1, 2], [3], [4, 4], [9]]
+    # the line differs on the last request (outside the phases: not compared), and, when
+    # equal == 2, on the second turn
+    line_out = [[1, 2], [3] if equal == 3 else [3, 5], [4, 4], [8]]
 
-    def on_server(server):
-        return {}
+    def on_server(label):
+        return {"agent_traffic": rows[label]}
 
     monkeypatch.setattr(at, "canary_setup", lambda model, workdir: ({"--agent-arg": model}, on_server))
-    monkeypatch.setattr(at, "canary_report", lambda control, line: _canned_agent_report(equal, 3))
 
     def fake_run(model, keys, args, progress=None, name="", **extra):
         calls.append((model, dict(args), extra.get("on_server")))
-        return canary.ConfigRun(model, dict(keys), dict(args))
+        run = canary.ConfigRun(model, dict(keys), dict(args))
+        label = "control" if "control" in name else "line"
+        if extra.get("on_server"):           # what canary.run_config does after its traffic
+            run.extras.update(extra["on_server"](label) or {})
+            run.logs = {"launcher pid 1": _request_log(control_out if label == "control" else line_out)}
+        return run
 
     profile = REPO_ROOT / ".env.tp4.example"
     args = cli.build_parser().parse_args(["canary", "--profile", str(profile), "--cpu-model", "dense,swa",
@@ -327,15 +357,20 @@ def test_canary_traffic_agent_runs_the_workload_on_both_boots_of_a_windowed_mode
         [("dense", None, False), ("dense", None, False), ("swa", "swa", True), ("swa", "swa", True)]
     assert "skipped" in report["models"]["dense"]["agent_traffic"]
     swa = report["models"]["swa"]
-    assert swa["agent_traffic"]["outputs"] == {"equal": equal, "total": 3}
+    agent = swa["agent_traffic"]
+    assert agent["outputs"] == {"equal": equal, "total": 3, "only_one_side": 0}
+    assert agent["ok"] is (equal == 3)
+    assert agent["resume_ttft_p50"] == {"control_s": 2.0, "line_s": 0.5, "control_over_line": 4.0}
+    assert agent["stream_rate_ratio"] == {"control": 0.1, "line": 0.4}
     agent_errors = [e for e in swa["errors"] if e.startswith("agent traffic")]
-    assert bool(agent_errors) == (equal != 3)
+    assert agent_errors == ([] if equal == 3 else
+                            ["agent traffic: T=0 output ids of the conversations' turns equal on 2 of 3 prompts"])
     # the table carries the rows
     args.json = False
     calls.clear()
     canary.main(args, run=fake_run)
     table = capsys.readouterr().out
-    assert "agent traffic (sglang.bench_serving): resumed-turn TTFT p50" in table
+    assert "agent traffic (sglang.bench_serving): resumed-turn TTFT p50 control 2 s -> line 0.5 s" in table
     assert f"T=0 output ids of the conversations' turns {equal} of 3" in table
 
 

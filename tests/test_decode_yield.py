@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import ast
 import json
+import logging
 import pathlib
+import re
 import time
 
 import pytest
@@ -148,10 +150,11 @@ def test_stock_trace_unchanged_with_key_unset(install_adapters, interval):
 # --- shares ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("pct", [33, 50])
-def test_share_sets_decode_steps_between_chunks(yield_on, pct):
+def test_share_sets_decode_steps_between_chunks(yield_on, pct, caplog):
     yield_on(pct)
     before = counters()
-    loop, trace, streams, p = scenario()
+    with caplog.at_level(logging.INFO, logger=receipts.LOGGER_NAME):
+        loop, trace, streams, p = scenario()
     gaps = chunk_gaps(trace)
     assert len(gaps) == 5
     for ext, steps, decode_us in gaps:
@@ -170,6 +173,16 @@ def test_share_sets_decode_steps_between_chunks(yield_on, pct):
         sum(n for _, n, _ in gaps)
     assert dy.decisions(loop.s)["armed"] is False
     assert len(p.output_ids) == 1 and p.finished()
+    # one receipt line for the prompt, when its last chunk was armed: its chunks and steps
+    steps = sum(n for _, n, _ in gaps)
+    assert _yield_lines(caplog) == [f"rid=p left chunked prefill: 5 chunks yielded, {steps} decode "
+                                    f"steps planned, {steps} run, 0 ended early"]
+
+
+def _yield_lines(caplog):
+    """decode_yield's per-prompt receipt lines (without the '[dsv41] decode_yield ' prefix)."""
+    return [m.split("[dsv41] decode_yield ", 1)[1] for m in (r.getMessage() for r in caplog.records)
+            if "[dsv41] decode_yield rid=" in m]
 
 
 def test_share_50_yields_more_than_33(yield_on):
@@ -251,7 +264,8 @@ def test_final_chunk_and_single_pass_keep_stock_behaviour(install_adapters, yiel
 
 # --- ends early ------------------------------------------------------------------------------
 
-def test_abort_mid_prefill_ends_the_yield(yield_on):
+def test_abort_mid_prefill_ends_the_yield(yield_on, caplog):
+    caplog.set_level(logging.INFO, logger=receipts.LOGGER_NAME)
     yield_on(50)
     before = counters()
     seen = {}
@@ -281,6 +295,12 @@ def test_abort_mid_prefill_ends_the_yield(yield_on):
         before.get("ended_early_chunked_req_gone", 0) == 1
     # p's KV went back: only the streams and q hold request slots now
     assert not p.kv.holds_kv
+    # p's receipt line (flushed when q's pass was armed): 2 chunks yielded, the second one's
+    # steps cut short by the abort (planned > run), one early end
+    [line] = _yield_lines(caplog)
+    m = re.fullmatch(r"rid=p left chunked prefill: 2 chunks yielded, (\d+) decode steps planned, "
+                     r"(\d+) run, 1 ended early", line)
+    assert m and int(m.group(1)) - int(m.group(2)) == seen["left"], (line, seen)
 
 
 def test_streams_finishing_end_the_yield(yield_on):

@@ -1,4 +1,6 @@
 """The key registry: strict parsing, typos, unknown keys, volatility."""
+import os
+
 import pytest
 
 from adapter import keys
@@ -80,3 +82,89 @@ def test_dsv41_keys_lists_the_cone_negative_controls_as_test_only(capsys):
     for name in ("DSV41_SWA_CONE_TEST_NO_FLOOR", "DSV41_SWA_CONE_TEST_NO_COPY"):
         line = next(ln for ln in out.splitlines() if ln.startswith(name + " "))
         assert "test-only" in line, line
+
+
+# ---- parser edges (each found by bench/mutation.py: a mutant of keys.py these tests kill) ----
+
+@pytest.mark.parametrize("raw, value", [("1", 1), ("on", 1), (" Yes ", 1), ("TRUE", 1),
+                                        ("0", 0), ("off", 0), ("No", 0), ("false", 0)])
+def test_flag_spellings(raw, value):
+    assert keys.parse_env({"DSV41_SWA_THIN": raw}).get("DSV41_SWA_THIN") == value
+
+
+@pytest.mark.parametrize("raw, ok", [("1", True), ("99", True), ("10", True), (" 33 ", True),
+                                     ("0", False), ("100", False), ("0x10", False)])
+def test_int_range_is_inclusive_and_decimal(raw, ok):
+    env = {"DSV41_DECODE_YIELD": raw}
+    if ok:
+        assert keys.parse_env(env).get("DSV41_DECODE_YIELD") == int(raw)
+    else:
+        with pytest.raises(keys.ConfigError, match="DSV41_DECODE_YIELD"):
+            keys.parse_env(env)
+
+
+def test_int_with_only_an_upper_bound_and_multiple():
+    assert keys.parse_env({"DSV41_SWA_CONE_TOKENS": "256"}).get("DSV41_SWA_CONE_TOKENS") == 256
+    assert keys.parse_env({"DSV41_SWA_CONE_TOKENS": "65536"}).get("DSV41_SWA_CONE_TOKENS") == 65536
+    with pytest.raises(keys.ConfigError, match=r"DSV41_SWA_CONE_TOKENS=65792: out of range 256\.\.65536"):
+        keys.parse_env({"DSV41_SWA_CONE_TOKENS": "65792"})
+
+
+MODEL = "DSV41_DECODE_YIELD_MODEL"
+FIELDS = "CHUNK_FIXED_US,CHUNK_TOKEN_NS,CHUNK_PAIR_PS,STEP_FIXED_US,STEP_ROW_US,STEP_CTX_PS"
+
+
+def test_ints_key_parses_each_field_in_order():
+    s = keys.parse_env({MODEL: " 0, 10 ,1000000000,1, 60000000,52000"})
+    assert s.get(MODEL) == (0, 10, 1_000_000_000, 1, 60_000_000, 52_000)
+    assert s.set_keys == (MODEL,)
+
+
+@pytest.mark.parametrize("raw, message", [
+    ("1,2,3,4,5", f"{MODEL}='1,2,3,4,5': expected 6 comma-separated integers {FIELDS} ("),
+    ("1 2 3 4 5 6", f"{MODEL}='1 2 3 4 5 6': expected 6 comma-separated integers {FIELDS} ("),
+    ("1,2,3,x,5,6", f"{MODEL}='1,2,3,x,5,6': STEP_FIXED_US='x' is not an integer (expected {FIELDS})"),
+    ("1,2,3,0,5,6", f"{MODEL}='1,2,3,0,5,6': STEP_FIXED_US=0 out of range 1..60000000"),
+    ("1,2,3,4,5,1000000001",
+     f"{MODEL}='1,2,3,4,5,1000000001': STEP_CTX_PS=1000000001 out of range 0..1000000000"),
+    ("-1,2,3,4,5,6", f"{MODEL}='-1,2,3,4,5,6': CHUNK_FIXED_US=-1 out of range 0..60000000"),
+])
+def test_ints_key_errors_name_the_field(raw, message):
+    with pytest.raises(keys.ConfigError) as info:
+        keys.parse_env({MODEL: raw})
+    assert str(info.value).startswith(message), str(info.value)
+
+
+def test_two_bad_keys_are_both_reported():
+    with pytest.raises(keys.ConfigError) as info:
+        keys.parse_env({"DSV41_SWA_THIN": "2", "DSV41_DECODE_YIELD": "0"})
+    assert str(info.value) == ("DSV41_DECODE_YIELD=0: out of range 1..99 ("
+                               + keys.KEY_BY_NAME["DSV41_DECODE_YIELD"].doc + "); "
+                               "DSV41_SWA_THIN='2': expected 0 or 1 ("
+                               + keys.KEY_BY_NAME["DSV41_SWA_THIN"].doc + ")")
+
+
+def test_typo_distance_two_is_an_error_three_is_only_reported():
+    with pytest.raises(keys.ConfigError, match="did you mean DSV41_SWA_THIN"):
+        keys.parse_env({"DSV41_SWA_TXXN": "1"})          # distance 2
+    s = keys.parse_env({"DSV41_SWA_XXXN": "1"})           # distance 3
+    assert s.unknown == ("DSV41_SWA_XXXN",) and not s.enabled("swa_thin")
+
+
+def test_set_keys_names_what_the_environment_set(monkeypatch):
+    for name in [n for n in os.environ if n.startswith("DSV41_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("DSV41_SWA_THIN", "1")
+    monkeypatch.setenv("DSV41_SWA_CONE_TOKENS", "512")
+    s = keys.parse_env()                                  # reads os.environ
+    assert s.set_keys == ("DSV41_SWA_THIN", "DSV41_SWA_CONE_TOKENS")
+    assert s.get("DSV41_SWA_CONE_TOKENS") == 512 and s.enabled("swa_thin")
+    assert s.keys_of("swa_thin") == {"DSV41_SWA_THIN": 1}
+    assert s.keys_of("decode_yield") == {"DSV41_DECODE_YIELD": None, MODEL: None}
+
+
+@pytest.mark.parametrize("a, b, d", [("", "abc", 3), ("abc", "abd", 1), ("abc", "ab", 1),
+                                     ("ab", "abc", 1), ("ab", "ba", 2), ("kitten", "sitting", 3),
+                                     ("flaw", "lawn", 2), ("", "", 0)])
+def test_edit_distance_is_levenshtein(a, b, d):
+    assert keys.edit_distance(a, b) == d

@@ -1,45 +1,44 @@
 """adapter/metrics.py: receipts' counters as dsv41_* series, settled from the engine's config.
 
-The children stand in for the engine's runtime_context (the interface metrics.py reads: publish,
-is the observability namespace published, enable_metrics, tp_rank): publishing a real config needs
-a model; tests/e2e/test_e2e_metrics.py runs the real engine with --enable-metrics. Their fake
-`publish` cannot match the engine's pin, so the children skip that one check (pins.drifted_touches
-is stubbed for "metrics" only); test_a_drifted_publish_turns_exporting_off keeps it.
+Each scenario runs in a child interpreter (metrics settles once per process, and
+prometheus_client picks its value class at its first import) on the engine's real
+runtime_context: `publish(ServerArgs(...), role=..., ranks=SpawnRanks(world_rank=3))` at TP 4, as
+the engine's processes publish. The model directory holds a config.json only: publish resolves
+the arguments (it reads the model's config), it loads no weights.
+tests/e2e/test_e2e_metrics.py runs the whole engine with --enable-metrics.
 """
 import importlib
+import json
 
 from conftest import REPO_ROOT, run_python
 
 from adapter import metrics
 from adapter.table import ADAPTERS
 
-FAKE_ENGINE = r"""
-import os, sys, types
-published = {"on": False, "role": None}
-class Obs:
-    enable_metrics = os.environ["TEST_ENABLE_METRICS"] == "1"
-class Ctx:
-    def is_config_namespace_published(self, name):
-        return published["on"]
-class Par:
-    tp_rank = 3
-rc = types.ModuleType("sglang.srt.runtime_context")
-rc.get_context = lambda: Ctx()
-rc.get_observability = lambda: Obs()
-rc.get_parallel = lambda: Par()
-def publish(server_args, *, role):
-    published.update(on=True, role=role)
-rc.publish = publish
-rc.publish_role = lambda: published["role"]
-sys.modules["sglang.srt.runtime_context"] = rc
+ENGINE = r"""
+import os, sys
+from adapter.cpu import cpu_engine
+cpu_engine.install_torchvision_shim()
 from adapter import installer, metrics, pins, receipts
-if os.environ.get("TEST_KEEP_PIN") != "1":
-    real_drift = pins.drifted_touches
-    pins.drifted_touches = lambda name: [] if name == "metrics" else real_drift(name)
+if os.environ.get("TEST_DRIFT_PUBLISH") == "1":
+    # a planted drift: runtime_context.publish is no longer the pinned engine function
+    import sglang.srt.runtime_context as rc_drift
+    engine_publish = rc_drift.publish
+    def publish(server_args, *, role, **kwargs):
+        return engine_publish(server_args, role=role, **kwargs)
+    rc_drift.publish = publish
 metrics.arm()
+import sglang.srt.runtime_context as rc
+from sglang.srt.server_args import ServerArgs
 for name in ("swa_thin", "decode_yield"):
     installer._state.adapters[name] = installer.AdapterState("installed")
 installer._state.adapters["swan"] = installer.AdapterState("off")
+
+def publish(role):
+    args = ServerArgs(model_path=os.environ["TEST_MODEL_DIR"], device="cpu", tp_size=4,
+                      enable_metrics=os.environ["TEST_ENABLE_METRICS"] == "1")
+    rc.publish(args, role=role, ranks=rc.SpawnRanks(world_rank=3))
+    assert rc.get_parallel().tp_rank == 3 and rc.publish_role() == role
 
 def scrape():
     from prometheus_client import CollectorRegistry, generate_latest, multiprocess
@@ -49,9 +48,23 @@ def scrape():
 """
 
 
+TINY_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+               "intermediate_size": 128, "vocab_size": 1024, "max_position_embeddings": 2048}
+
+
+def _env(tmp_path, enable, **extra):
+    """The child's env: the multiprocess directory (empty) and a model directory beside it."""
+    prom, model = tmp_path / "prom", tmp_path / "model"
+    prom.mkdir(exist_ok=True)
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(json.dumps(TINY_CONFIG))
+    return {"PROMETHEUS_MULTIPROC_DIR": str(prom), "TEST_MODEL_DIR": str(model),
+            "TEST_ENABLE_METRICS": enable, **extra}
+
+
 def _child(body, tmp_path, enable):
-    env = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "TEST_ENABLE_METRICS": enable}
-    proc = run_python(FAKE_ENGINE + body, env=env)
+    proc = run_python(ENGINE + body, env=_env(tmp_path, enable))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -60,7 +73,7 @@ ON_CHILD = r"""
 c = receipts.counters["swa_thin"]
 c["hooked_inserts"] += 2                 # before the engine published its config
 assert "prometheus_client" not in sys.modules and metrics._state is None and not receipts._sinks
-rc.publish(None, role="scheduler")       # settles: on; adds what was counted before
+publish("scheduler")       # settles: on; adds what was counted before
 c["nodes_moved"] += 5
 c["kept:locked"] += 1
 receipts.fallback("swa_thin", "reason A")
@@ -88,7 +101,7 @@ def test_on_exports_every_count_once_with_the_catch_up(tmp_path):
 
 
 OFF_CHILD = r"""
-rc.publish(None, role=sys.argv[1])
+publish(sys.argv[1])
 c = receipts.counters["swa_thin"]
 c["nodes_moved"] += 5
 receipts.fallback("swa_thin", "reason A")
@@ -100,28 +113,30 @@ print("IMPORTED", "prometheus_client" in sys.modules, "STATE", metrics._state,
 
 def test_off_imports_nothing_writes_nothing_and_keeps_counting(tmp_path):
     """The flag decides, not the directory: PROMETHEUS_MULTIPROC_DIR is set, enable_metrics is not."""
-    proc = run_python(FAKE_ENGINE + OFF_CHILD, argv=("scheduler",),
-                      env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "TEST_ENABLE_METRICS": "0"})
+    proc = run_python(ENGINE + OFF_CHILD, argv=("scheduler",), env=_env(tmp_path, "0"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "IMPORTED False STATE False SINKS 0 COUNT 6" in proc.stdout
-    assert list(tmp_path.iterdir()) == []
+    assert list((tmp_path / "prom").iterdir()) == []
+    # the child's receipt lines reach stderr (this one is the child's own fallback) ...
+    assert "[dsv41] swa_thin fallback: reason A" in proc.stderr, proc.stderr[-3000:]
+    # ... and metrics wrote none: settled off quietly
     assert "[dsv41] metrics" not in proc.stderr
 
 
 def test_a_process_where_no_installed_adapter_counts_stays_off_quietly(tmp_path):
     """--enable-metrics on, but the detokenizer publishes: none of our adapters counts there."""
-    proc = run_python(FAKE_ENGINE + OFF_CHILD, argv=("detokenizer",),
-                      env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "TEST_ENABLE_METRICS": "1"})
+    proc = run_python(ENGINE + OFF_CHILD, argv=("detokenizer",), env=_env(tmp_path, "1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "IMPORTED False STATE False SINKS 0 COUNT 6" in proc.stdout
-    assert list(tmp_path.iterdir()) == [] and "[dsv41] metrics" not in proc.stderr
+    assert list((tmp_path / "prom").iterdir()) == []
+    assert "[dsv41] swa_thin fallback: reason A" in proc.stderr, proc.stderr[-3000:]
+    assert "[dsv41] metrics" not in proc.stderr
 
 
 def test_a_drifted_publish_turns_exporting_off(tmp_path):
-    """The fake publish is not the engine's: with its pin kept, exporting never starts."""
-    proc = run_python(FAKE_ENGINE + OFF_CHILD, argv=("scheduler",),
-                      env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "TEST_ENABLE_METRICS": "1",
-                           "TEST_KEEP_PIN": "1"})
+    """A publish that is not the pinned engine function (planted): exporting never starts."""
+    proc = run_python(ENGINE + OFF_CHILD, argv=("scheduler",),
+                      env=_env(tmp_path, "1", TEST_DRIFT_PUBLISH="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "IMPORTED False STATE False SINKS 0" in proc.stdout
     lines = [ln for ln in proc.stderr.splitlines() if "[dsv41] metrics fallback:" in ln]
@@ -129,7 +144,7 @@ def test_a_drifted_publish_turns_exporting_off(tmp_path):
 
 
 ERROR_CHILD = r"""
-rc.publish(None, role="scheduler")
+publish("scheduler")
 c = receipts.counters["swa_thin"]
 c["nodes_moved"] += 1
 c["no such key"] += 1                     # no series: dropped, one fallback line
@@ -161,7 +176,7 @@ def broken(name, *a, **k):
         raise ImportError("planted")
     return real_import(name, *a, **k)
 builtins.__import__ = broken
-rc.publish(None, role="scheduler")
+publish("scheduler")
 c = receipts.counters["swa_thin"]
 c["nodes_moved"] += 1
 c["nodes_moved"] += 1

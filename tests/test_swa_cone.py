@@ -134,11 +134,15 @@ def test_intact_resume_point_is_a_stock_prefix_hit(install_adapters, caplog):
     assert req.prefix_len >= DOC // 256 * 256 - 256    # the window is still there
     assert getattr(req, "_dsv41_cone_candidate", None) is None
     hit = req.prefix_len
+    plans = receipts.counters["swa_cone"]["plans"]
     adder = drv.adder()
     with caplog.at_level(logging.INFO, logger="sglang.dsv41"):
         adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+        receipts.line("swa_cone", "probe: capture is on")     # what this capture would record
     assert req.prefix_len == hit and req in adder.can_run_list
+    assert [r.getMessage() for r in caplog.records if "probe: capture is on" in r.getMessage()]
     assert not any(" plan " in r.getMessage() for r in caplog.records)
+    assert receipts.counters["swa_cone"]["plans"] == plans
 
 
 def test_admission_refused_leaves_the_stock_match(install_adapters):

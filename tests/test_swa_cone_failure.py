@@ -10,10 +10,14 @@ request through the engine's own path for a forward that ran on KV that never la
 the tree. Mask and floor stay on for that pass, so its rows neither overwrite shared bytes nor read
 evicted slots.
 
-On the engine's real classes on CPU: DeepSeekV4TokenToKVPool, ForwardBatch, Req, the real
-UnifiedRadixCache + PrefillAdder (adapter/tools/sims/swa_cone.py Driver), and the engine's own
-result processor (SchedulerBatchResultProcessor.process_batch_result_prefill) and stash
-(checkpoint_kv_cache).
+On the engine's real classes on CPU: DeepseekV4AttnBackend (the `dsv4` registry entry, built from
+the engine kit's MockDSV4ModelRunner as tests/test_swa_cone_forward.py's harness builds it) over a
+DeepSeekV4TokenToKVPool, ForwardBatch, Req, ScheduleBatch, the real UnifiedRadixCache +
+PrefillAdder (adapter/tools/sims/swa_cone.py Driver), and the engine's own result processor
+(SchedulerBatchResultProcessor.process_batch_result_prefill) and stash (checkpoint_kv_cache).
+Stand-ins remain only where one CPU process cannot be the real thing, each saying why where it is:
+the TP all-reduce of another rank's verdict, and the result processor's client stream and
+metrics reporter (ZMQ sockets to the tokenizer manager / a Prometheus exporter).
 """
 from __future__ import annotations
 
@@ -50,12 +54,40 @@ def _req(rid, n=2000):
                sampling_params=SamplingParams(temperature=0, max_new_tokens=4))
 
 
-def _first_pass(cone, fb, *, pool, r2t):
-    """Cone's _build_forward_metadata hook on `fb` (the engine's call inside it recorded)."""
-    backend = types.SimpleNamespace(token_to_kv_pool=pool, req_to_token=r2t, page_size=P)
+@pytest.fixture(scope="module")
+def backend(pool):
+    """The engine's DeepseekV4AttnBackend on the copy tests' real DSV4 pool: the engine kit's
+    MockDSV4ModelRunner (what DeepseekV4AttnBackend.__init__ reads, without loading a model), the
+    backend built by the engine's `dsv4` registry entry; the kit's published server arguments
+    are restored after the module."""
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+    from sglang.srt.layers.attention.deepseek_v4_backend import DeepseekV4AttnBackend
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.test.kits.attention_unittest.attention_methods import dsv4_attention as kit
+
+    ratios = [0, 4, 128, 4]
+    case = kit.DSV4AttentionCase(name="cone-failure", backend="dsv4", forward_mode=ForwardMode.EXTEND,
+                                 num_heads=8, page_size=P, prefix_lens=(0,), extend_lens=(1,))
+    config = kit.TinyDSV4ModelConfig(num_heads=8, context_len=PAGES * P, compression_ratios=ratios)
+    runner = kit.MockDSV4ModelRunner(case=case, model_config=config, dtype=torch.bfloat16,
+                                     device="cpu", max_context_len=PAGES * P, swa_size=P,
+                                     runner_batch_size=4, compression_ratios=ratios)
+    try:
+        runner.token_to_kv_pool = pool
+        built = ATTENTION_BACKENDS["dsv4"](runner)
+        assert isinstance(built, DeepseekV4AttnBackend) and built.token_to_kv_pool is pool
+        assert built.page_size == P
+        yield built
+    finally:
+        runner._server_args_override.restore()
+
+
+def _first_pass(cone, fb, backend):
+    """Cone's _build_forward_metadata hook on `fb` with the engine's backend (the engine's own
+    metadata build inside it is recorded, not run: it would plan the GPU kernels' metadata)."""
     ran = []
-    cone.build_forward_metadata(lambda b, batch: ran.append(batch), backend, fb)
-    assert ran == [fb]                  # the engine's metadata build always runs
+    cone.build_forward_metadata(lambda b, batch: ran.append((b, batch)), backend, fb)
+    assert ran == [(backend, fb)]       # the engine's metadata build always runs
 
 
 def plant(monkeypatch, name):
@@ -78,13 +110,14 @@ def plant(monkeypatch, name):
 
 
 @pytest.mark.parametrize("failure", list(FAILURES))
-def test_failed_copy_keeps_mask_and_floor_and_fails_the_request(pool, monkeypatch, caplog, failure):
+def test_failed_copy_keeps_mask_and_floor_and_fails_the_request(backend, monkeypatch, caplog, failure):
     from adapter import swa_cone
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
     receipts.forget("swa_cone")
     s, F, tail, other = 512, 1024, 100, 300
-    r2t = torch.zeros(4, PAGES * P, dtype=torch.int32)
+    r2t = backend.req_to_token
+    r2t.zero_()
     fb = _batch(r2t, s=s, F=F, tail=tail, other=other)
     a, b = _req("A"), _req("B")
     cone = swa_cone.Cone(F - s, test=False)
@@ -94,7 +127,7 @@ def test_failed_copy_keeps_mask_and_floor_and_fails_the_request(pool, monkeypatc
                                     req=weakref.ref(a))
     plant(monkeypatch, failure)
     with caplog.at_level(logging.INFO, logger=receipts.LOGGER_NAME):
-        _first_pass(cone, fb, pool=pool, r2t=r2t)
+        _first_pass(cone, fb, backend)
     assert "A" not in cone.plans
     # The window floor and the write mask of the plan are kept (never an unfloored replay) ...
     n_a = F + tail - s
@@ -102,9 +135,8 @@ def test_failed_copy_keeps_mask_and_floor_and_fails_the_request(pool, monkeypatc
     keep = torch.cat([torch.arange(F - s, n_a), torch.arange(n_a, n_a + other)])
     assert torch.equal(fb.encoder_swa_compress_rows, keep)
     seen = {}
-    cone.init_prefill_metadata(lambda backend, **kw: seen.update(kw),
-                               types.SimpleNamespace(token_to_kv_pool=types.SimpleNamespace(
-                                   request_window=None)),
+    assert backend.token_to_kv_pool.request_window is None     # the paged SWA path
+    cone.init_prefill_metadata(lambda b, **kw: seen.update(kw), backend,
                                forward_batch=fb, out_cache_loc=fb.out_cache_loc,
                                swa_replay_start=None)
     assert torch.equal(seen["swa_replay_start"], fb.encoder_swa_row_floor)
@@ -123,18 +155,22 @@ def test_failed_copy_keeps_mask_and_floor_and_fails_the_request(pool, monkeypatc
             f"({failure}): request failed (HTTP 503)" in m]
 
 
-def test_a_failure_on_another_tp_rank_fails_the_request_here_too(pool):
+def test_a_failure_on_another_tp_rank_fails_the_request_here_too(backend):
     """The verdict is reduced over the cache's TP groups: a copy that worked here but not on
     another rank fails the request on every rank alike."""
     from adapter import swa_cone
 
     receipts.forget("swa_cone")
     s, F = 512, 1024
-    r2t = torch.zeros(4, PAGES * P, dtype=torch.int32)
+    r2t = backend.req_to_token
+    r2t.zero_()
     fb = _batch(r2t, s=s, F=F, tail=100, other=300)
     a = _req("A")
 
     class _Tree:
+        """Stand-in for the cache's NCCL all-reduce over its attention TP groups: one CPU
+        process is one rank, so another rank's 0 (its copy failed) can only be planted here."""
+
         def _all_reduce_attn_groups(self, tensor, op):
             assert op == torch.distributed.ReduceOp.MIN
             tensor.zero_()                  # what MIN gives when another rank reports 0
@@ -142,7 +178,7 @@ def test_a_failure_on_another_tp_rank_fails_the_request_here_too(pool):
     cone = swa_cone.Cone(F - s, test=False)
     cone.plans["A"] = swa_cone.Plan(rid="A", F=F, s=s, L=F + 100, src_loc=_loc([3, 4]),
                                     req=weakref.ref(a), tree=_Tree())
-    _first_pass(cone, fb, pool=pool, r2t=r2t)
+    _first_pass(cone, fb, backend)
     assert receipts.counters["swa_cone"]["copies"] == 1          # copied here ...
     assert a.discard_output_reason is not None and a.skip_radix_cache_insert   # ... failed anyway
     assert "another TP rank" in a.discard_output_reason.message
@@ -193,25 +229,32 @@ def _first_pass_batch(drv, req):
 
 def _process_result(drv, req, *, token=42):
     """The engine's own result processing of a prefill batch holding `req` (the scheduler's
-    SchedulerBatchResultProcessor, built without a model: streaming and metrics recorded)."""
+    SchedulerBatchResultProcessor and a real ScheduleBatch, built without a model)."""
+    from sglang.srt.managers.schedule_batch import ScheduleBatch, get_batch_return_hidden_states_mode
     from sglang.srt.managers.scheduler_components.batch_result_processor import (
         SchedulerBatchResultProcessor)
-    from sglang.srt.managers.schedule_batch import get_batch_return_hidden_states_mode
     from sglang.srt.managers.utils import GenerationBatchResult
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     streamed = []
     fields = {f.name: None for f in dataclasses.fields(SchedulerBatchResultProcessor)}
     fields.update(
         is_generation=True, enable_overlap=False, token_to_kv_pool_allocator=drv.cpu.allocator,
         tree_cache=drv.cache, req_to_token_pool=drv.cpu.req_to_token_pool,
+        # Stand-ins: the scheduler's stream to the tokenizer manager is a ZMQ socket and its
+        # metrics reporter a Prometheus exporter, neither of which exists without a server;
+        # they record what the processor sends.
         output_streamer=types.SimpleNamespace(
             stream_output=lambda reqs, *a, **k: streamed.extend(reqs)),
         metrics_reporter=types.SimpleNamespace(report_prefill_stats=lambda **k: None))
     proc = SchedulerBatchResultProcessor(**fields)
-    batch = types.SimpleNamespace(reqs=[req], return_logprob=False, return_hidden_states=False,
-                                  decoding_reqs=None, prefill_stats=None, forward_iter=0,
-                                  return_hidden_states_mode=get_batch_return_hidden_states_mode(
-                                      [req]), spec_info=None)
+    # The fields ScheduleBatch.init_new sets for these requests (its ModelConfig is read only
+    # for a chunked request's next prompt token, which a prefill result does not use).
+    batch = ScheduleBatch(reqs=[req], req_to_token_pool=drv.cpu.req_to_token_pool,
+                          token_to_kv_pool_allocator=drv.cpu.allocator, tree_cache=drv.cache,
+                          enable_overlap=False, return_logprob=False, forward_iter=0,
+                          return_hidden_states_mode=get_batch_return_hidden_states_mode([req]),
+                          spec_algorithm=SpeculativeAlgorithm.NONE, device="cpu")
     result = GenerationBatchResult(logits_output=None, next_token_ids=torch.tensor([token]),
                                    can_run_cuda_graph=False)
     proc.process_batch_result_prefill(batch, result)
@@ -234,7 +277,7 @@ def _plan_and_admit(drv, prompt):
 
 @pytest.mark.parametrize("failure", ["OutOfMemoryError", "ValueError", "RuntimeError"])
 def test_failed_replay_finishes_with_an_error_and_leaves_the_tree_as_stock(
-        install_adapters, monkeypatch, failure):
+        install_adapters, backend, monkeypatch, failure):
     """The request admitted at s whose copy failed: the engine's result processor finishes it
     with FINISH_ABORT (503) and no token; none of its KV reaches the tree, so the same prompt
     arriving next is matched exactly as it was before (the stock match, the same candidate)."""
@@ -261,7 +304,10 @@ def test_failed_replay_finishes_with_an_error_and_leaves_the_tree_as_stock(
         def boom(*a, **k):
             raise FAILURES[failure]("planted in the copy step")
         monkeypatch.setattr(cc, "copy_resident", boom)
-    _first_pass(swa_cone.state(), fb, pool=None, r2t=cpu.req_to_token_pool.req_to_token)
+    # The backend reads this world's req_to_token (the engine wires ModelRunner's
+    # req_to_token_pool to the scheduler's); the copy fails before it touches the pool.
+    monkeypatch.setattr(backend, "req_to_token", cpu.req_to_token_pool.req_to_token)
+    _first_pass(swa_cone.state(), fb, backend)
     assert fb.encoder_swa_row_floor is not None                 # the pass runs floored
     chunks = 0
     while req.extend_end < len(req.full_untruncated_fill_ids):  # middle chunks: stashed

@@ -28,6 +28,8 @@ def test_every_admin_route_answers_403_on_the_production_line_and_the_server_liv
     launcher = "\n".join(t for role, t in run.logs.items() if role.startswith("launcher"))
     assert re.search(r"\[dsv41\] admin_guard closed \d+ admin routes", launcher)
     assert launcher.count("[dsv41] admin_guard refused ") == len(_per_template())
+    scheduler = [t for role, t in run.logs.items() if role.startswith("sglang::scheduler")]
+    assert scheduler and all("[dsv41] decode_yield installed:" in t for t in scheduler)   # read
     assert not any("Scheduler hit an exception" in t for t in run.logs.values())
 
 

@@ -135,13 +135,12 @@ def _check_against_receipts(run: Scraped):
     # cone: plans / copies are one receipt line each
     assert run.value("dsv41_swa_cone_plans_total", tp_rank="0") == sum(" swa_cone plan " in ln for ln in lines)
     assert run.value("dsv41_swa_cone_copies_total", tp_rank="0") == sum(" swa_cone copy " in ln for ln in lines)
-    # autotune_keep: one receipt line per kept / deleted / tuned / dropped cache (none on CPU)
-    at = {k: sum(f"[dsv41] autotune_keep {k} " in ln for ln in lines)
-          for k in ("kept", "deleted", "no cache", "dropped")}
-    assert run.value("dsv41_autotune_keep_kept_total", tp_rank="0") == at["kept"]
-    assert sum(run.series("dsv41_autotune_keep_deleted_total").values()) == at["deleted"]
-    assert sum(run.series("dsv41_autotune_keep_tuned_total").values()) == at["no cache"]
-    assert sum(run.series("dsv41_autotune_keep_dropped_total").values()) == at["dropped"]
+    # autotune_keep: not compared here. On these single-rank CPU boots it has nothing to count
+    # (FlashInfer tunes on GPUs only, and the CPU harness's agreement rounds,
+    # DSV41CPU_AUTOTUNE_AGREE, need more than one TP rank: tests/e2e/test_e2e_tp2.py), so its
+    # series and its receipt lines would both be 0 and the comparison could not fail. Its series
+    # are checked above to exist; its counts against its receipt lines are checked where they
+    # are produced (tests/test_autotune_keep.py, tests/e2e/test_e2e_tp2.py).
     # thin: one tree-core count per cache built
     cores = {dict(l)["core"]: v for l, v in run.series("dsv41_swa_thin_tree_core_total").items()}
     assert sum(cores.values()) == 1, cores

@@ -1,0 +1,292 @@
+"""Mutation check of the adapters' decision code: mutmut per module, score per module.
+
+    python bench/mutation.py                      # every measured module, one after another
+    python bench/mutation.py keys decode_yield    # some of them
+    python bench/mutation.py --list               # the modules, their scope and test selection
+    python bench/mutation.py --report keys        # the score of the last run, without running
+    python bench/mutation.py --fresh swa_cone     # forget earlier results of that module first
+
+Needs mutmut (pinned in requirements/test-tools.lock, with libcst and coverage) in the
+interpreter that runs this script. Each module runs in its own scratch directory,
+`mutants/<module>/` (git-ignored): links to `adapter/` and `tests/`, a `setup.cfg` with the
+module's mutmut section, and mutmut's own `mutants/` copy under it. mutmut runs the selected tests
+in process from that copy, so the selection leaves out tests that start a child interpreter (the
+child imports the original `adapter/` through PYTHONPATH, not the mutated copy) and tests that read a
+module's own source file (the copy is mutmut's rewritten file): each module's `deselect` says which
+and why. Those tests still run in the ordinary suite.
+
+The score counts the mutants of the module's decision functions (`scope`: "*" for every function
+of the files, else "module:function" / "module:Class.method" entries; only those mutants run):
+killed / total, where
+total = killed + survived + no tests + timeout + suspicious (a timeout is printed apart and counted
+as killed, as mutmut does: a mutant that loops forever is caught by every run). A mutant is
+"no tests" when no selected test calls its function: it counts against the score.
+
+Results are cached per mutant in the scratch directory (mutmut skips a mutant it has a result for
+unless its function changed): re-runs after a test change need --fresh for that module.
+
+CPU: one mutmut worker by default (--jobs), OMP_NUM_THREADS=1; about 1-2 mutants per second on a
+2-core machine for the fast modules. docs/testing.md has the last scores and every survivor's
+reason.
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+WORK = REPO / "mutants"
+
+# Tests that start a child interpreter (the child would import the unmutated source) or read a
+# module's source file (mutmut's copy is its rewritten file) are deselected: see the module docstring.
+MODULES: dict[str, dict] = {
+    "keys": {
+        "what": "the keys parser",
+        "files": ["adapter/keys.py"],
+        "scope": ["*"],
+        "tests": ["tests/test_keys.py"],
+        "deselect": [],
+    },
+    "decode_yield": {
+        "what": "decode yield's planner (cost model, step count, arm / defer / disarm)",
+        "files": ["adapter/decode_yield.py"],
+        "scope": ["*"],
+        "tests": ["tests/test_decode_yield.py"],
+        "deselect": [
+            # reads adapter/decode_yield.py's own imports from its file (mutmut's copy imports more)
+            "tests/test_decode_yield.py::test_adapter_reads_no_clock_and_nothing_rank_local",
+        ],
+    },
+    "swa_thin": {
+        "what": "thin's move rule (which SWA LRU nodes move, kept reasons, all-or-none relink)",
+        "files": ["adapter/swa_thin/__init__.py", "adapter/swa_thin/core.py"],
+        "scope": [
+            "adapter.swa_thin:_window_nodes", "adapter.swa_thin:_to_evict_first_end",
+            "adapter.swa_thin:_put_back", "adapter.swa_thin:_move_all",
+            "adapter.swa_thin:move_passed_checkpoint", "adapter.swa_thin:_move_through_binding",
+            "adapter.swa_thin:_window_ids", "adapter.swa_thin:_checkpoint_into_tree",
+            "adapter.swa_thin.core:ThinTreeCore.demote_swa_lru",
+        ],
+        "tests": ["tests/test_swa_thin.py", "tests/test_swa_thin_props.py",
+                  "tests/test_swa_thin_failure.py", "tests/test_swa_thin_core.py"],
+        "deselect": [
+            # sitecustomize in a child interpreter
+            "tests/test_swa_thin.py::test_production_path_in_a_child",
+        ],
+    },
+    "swa_cone": {
+        "what": "cone's plan / floor (candidate, admission, commit, plan store, copy / mask / floor "
+                "of the first pass, TP verdict)",
+        "files": ["adapter/swa_cone.py"],
+        "scope": [
+            "adapter.swa_cone:Cone.match_prefix", "adapter.swa_cone:Cone.candidate",
+            "adapter.swa_cone:Cone.add_one_req", "adapter.swa_cone:Cone.select_admission",
+            "adapter.swa_cone:Cone._commit", "adapter.swa_cone:Cone._store",
+            "adapter.swa_cone:Cone._take", "adapter.swa_cone:Cone._drop",
+            "adapter.swa_cone:Cone._abort", "adapter.swa_cone:Cone.build_forward_metadata",
+            "adapter.swa_cone:Cone.init_prefill_metadata", "adapter.swa_cone:Cone.apply",
+            "adapter.swa_cone:Cone._prepare", "adapter.swa_cone:Cone._agree",
+            "adapter.swa_cone:Plan.*", "adapter.swa_cone:forward_side",
+            "adapter.swa_cone:_pad_to", "adapter.swa_cone:_path_len",
+            "adapter.swa_cone:_swap_in", "adapter.swa_cone:_restore",
+        ],
+        # tests/test_swa_cone_forward.py is left out for its cost (its harness builds the
+        # engine's DSV4 backend, ~20 s per worker, and each negative control runs 10-17 s);
+        # test_swa_cone_compose.py starts a child interpreter.
+        "tests": ["tests/test_swa_cone.py", "tests/test_swa_cone_failure.py",
+                  "tests/test_swa_cone_copy.py"],
+        "deselect": [],
+    },
+}
+
+# Decision modules being rewritten elsewhere (issue 40): add them to MODULES above, with their
+# tests and deselections, once the rewrite has landed. docs/testing.md lists them as not yet measured.
+PENDING = {
+    "input_guard": "the input guard's checks (adapter/input_guard.py; tests/test_input_guard.py)",
+    "admin_guard": "the admin guard's route rule (adapter/admin_guard.py; tests/test_admin_guard.py)",
+}
+
+STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped",
+          36: "timeout", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout",
+          37: "caught by type check", None: "not checked"}
+
+
+def scratch(name: str) -> pathlib.Path:
+    return WORK / name
+
+
+def _cfg_list(values) -> str:
+    return "".join(f"\n    {v}" for v in values)
+
+
+def prepare(name: str, fresh: bool) -> pathlib.Path:
+    mod = MODULES[name]
+    d = scratch(name)
+    if fresh and d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True, exist_ok=True)
+    for link in ("adapter", "tests"):
+        p = d / link
+        if not p.is_symlink():
+            p.symlink_to(REPO / link, target_is_directory=True)
+    args = ["-p", "no:xdist", "-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning"]
+    for node in mod["deselect"]:
+        args += ["--deselect", node]
+    (d / "setup.cfg").write_text(
+        "# written by bench/mutation.py for one module's mutmut run\n"
+        "[mutmut]\n"
+        "source_paths = adapter\n"
+        f"only_mutate = {_cfg_list(mod['files'])}\n"
+        f"pytest_add_cli_args_test_selection = {_cfg_list(mod['tests'])}\n"
+        f"pytest_add_cli_args = {_cfg_list(args)}\n"
+        # Each mutant's worker is forked from mutmut's process after its stats pass, with the
+        # engine imported and warm (one OpenMP thread: CPU torch forks safely then); a fork
+        # server that only collected would import the engine again in every worker (~10 s each).
+        f"process_isolation = {mod.get('isolation', 'fork')}\n"
+        "use_git_change_detection = false\n"
+        "\n[tool:pytest]\n"
+        "addopts = -p no:randomly\n")
+    return d
+
+
+def mutant_pattern(entry: str) -> str:
+    """A scope entry "module:function" or "module:Class.method" as mutmut's mutant-name glob
+    (mutmut names a mutant <module>.x_<func>__mutmut_<n> or <module>.xǁ<Class>ǁ<meth>__mutmut_<n>)."""
+    module, _, qual = entry.partition(":")
+    if "." in qual:
+        cls, meth = qual.split(".", 1)
+        return f"{module}.xǁ{cls}ǁ{meth}__mutmut_*"
+    return f"{module}.x_{qual}__mutmut_*"
+
+
+def in_scope(name: str, mutant: str) -> bool:
+    scope = MODULES[name]["scope"]
+    if scope == ["*"]:
+        return True
+    bare = mutant.replace(".__init__.", ".")
+    return any(fnmatch.fnmatchcase(bare, mutant_pattern(e)) for e in scope)
+
+
+def results(name: str) -> dict[str, str]:
+    d = scratch(name) / "mutants"
+    out = {}
+    for f in MODULES[name]["files"]:
+        meta = d / (f + ".meta")
+        if not meta.exists():
+            continue
+        for key, code in json.loads(meta.read_text())["exit_code_by_key"].items():
+            if in_scope(name, key):
+                out[key] = STATUS.get(code, "suspicious")
+    return out
+
+
+def score(name: str) -> tuple[int, int, list[str], dict[str, int]]:
+    res = results(name)
+    by = {}
+    for status in res.values():
+        by[status] = by.get(status, 0) + 1
+    killed = by.get("killed", 0) + by.get("timeout", 0)
+    total = sum(v for k, v in by.items() if k not in ("skipped", "caught by type check"))
+    survivors = sorted(k for k, v in res.items() if v not in ("killed", "timeout", "skipped"))
+    return killed, total, survivors, by
+
+
+def child_env() -> dict:
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("MKL_NUM_THREADS", "1")
+    env.pop("PYTHONPATH", None)      # the mutated copy must be the `adapter` the tests import
+    return env
+
+
+def run(name: str, jobs: int, fresh: bool, quiet: bool) -> int:
+    d = prepare(name, fresh)
+    cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs)]
+    if MODULES[name]["scope"] != ["*"]:      # only the decision functions' mutants run
+        cmd += [mutant_pattern(e) for e in MODULES[name]["scope"]]
+    log = d / "run.log"
+    print(f"== {name}: {MODULES[name]['what']}", flush=True)
+    t0 = time.monotonic()
+    with open(log, "w") as fh:
+        proc = subprocess.run(cmd, cwd=d, env=child_env(), stdout=fh, stderr=subprocess.STDOUT)
+    dt = time.monotonic() - t0
+    if proc.returncode != 0:
+        tail = log.read_text(errors="replace").replace("\r", "\n").splitlines()[-15:]
+        print("\n".join(f"   | {ln}" for ln in tail if "\u280b" not in ln and ln.strip()))
+        print(f"   mutmut exited {proc.returncode} after {dt:.0f} s; see {log}", flush=True)
+        return proc.returncode
+    report(name, quiet, seconds=dt)
+    return 0
+
+
+def show(name: str, mutant: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "mutmut", "show", mutant], cwd=scratch(name),
+                          env=child_env(), capture_output=True, text=True)
+    return proc.stdout.strip()
+
+
+def report(name: str, quiet: bool = False, seconds: float | None = None) -> tuple[int, int]:
+    killed, total, survivors, by = score(name)
+    pct = 100.0 * killed / total if total else 0.0
+    extra = ", ".join(f"{v} {k}" for k, v in sorted(by.items()) if k != "killed")
+    took = f" in {seconds:.0f} s" if seconds is not None else ""
+    print(f"{name}: {killed} / {total} killed ({pct:.1f} %){took}" + (f"; {extra}" if extra else ""),
+          flush=True)
+    for m in survivors:
+        print(f"   survivor ({results(name)[m]}): {m}")
+        if not quiet:
+            for line in show(name, m).splitlines()[1:]:
+                if line.startswith(("+", "-")) and not line.startswith(("+++", "---")):
+                    print(f"      {line}")
+    return killed, total
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("modules", nargs="*", help=f"default: all of {', '.join(MODULES)}")
+    ap.add_argument("--jobs", type=int, default=1, help="mutmut workers (default 1: shared machine)")
+    ap.add_argument("--fresh", action="store_true", help="forget the module's earlier results first")
+    ap.add_argument("--report", action="store_true", help="print the last run's scores only")
+    ap.add_argument("--quiet", action="store_true", help="survivor names without their diffs")
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--min", type=float, default=None, help="exit 1 if a module scores below this %%")
+    a = ap.parse_args(argv)
+    if a.list:
+        for name, mod in MODULES.items():
+            print(f"{name}: {mod['what']}\n   files: {' '.join(mod['files'])}\n"
+                  f"   scope: {' '.join(mod['scope'])}\n   tests: {' '.join(mod['tests'])}\n"
+                  f"   deselected: {' '.join(mod['deselect']) or '-'}")
+        for name, what in PENDING.items():
+            print(f"{name}: not yet measured ({what})")
+        return 0
+    names = a.modules or list(MODULES)
+    for n in names:
+        if n not in MODULES:
+            ap.error(f"unknown module {n!r}" + (" (not yet measured)" if n in PENDING else ""))
+    low = []
+    for n in names:
+        if a.report:
+            killed, total = report(n, a.quiet)
+        else:
+            if run(n, a.jobs, a.fresh, a.quiet):
+                return 2
+            killed, total, _, _ = score(n)
+        if a.min is not None and (not total or 100.0 * killed / total < a.min):
+            low.append(n)
+    for n in PENDING:
+        print(f"{n}: not yet measured")
+    if low:
+        print(f"below {a.min} %: {', '.join(low)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
