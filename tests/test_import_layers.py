@@ -21,7 +21,7 @@ def test_a_layers_contract_puts_the_tools_on_top_and_the_shared_core_at_the_bott
     assert len(layers) == 1
     floors = layers[0]["layers"]
     assert floors[0] == "tools" and floors[1] == "cpu"
-    assert set(floors[-1].replace(" ", "").split("|")) == {"table", "keys", "receipts", "refusal"}
+    assert set(floors[-1].replace(" ", "").split("|")) == {"table", "keys", "receipts", "refusal", "locations"}
     adapters = next(f for f in floors if "swa_thin" in f)
     assert "|" in adapters                                  # independent: no adapter imports another
 
