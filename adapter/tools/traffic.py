@@ -219,34 +219,63 @@ def dsv4_idle_session_resume(server: CpuServer) -> dict:
 
 
 def decode_beside_chunked_prefill(server: CpuServer, prompt_tokens: int = DSV4_YIELD_PROMPT,
-                                  stream_tokens: int = 48, timeout: float = 600) -> dict:
-    """One greedy stream (32-token prompt, `stream_tokens` new tokens, logprobs) decodes while a
-    `prompt_tokens` prompt (longer than one chunk) prefills in chunks with max_new_tokens 1.
+                                  stream_tokens: int = 48, started: int = 4, stream_cap: int = 1024,
+                                  timeout: float = 600) -> dict:
+    """One greedy stream (32-token prompt, logprobs) decodes while a `prompt_tokens` prompt (longer
+    than one chunk) prefills in chunks with max_new_tokens 1, sent once the stream has `started`
+    tokens. Every decode batch holds the stream alone (the long prompt finishes at its prefill), so
+    both records are comparable across servers at T=0.
 
-    Both go as one /generate with a batch of input_ids, which the tokenizer manager hands to the
-    scheduler as one message (BatchTokenizedGenerateReqInput): the scheduler admits the stream's
-    32 tokens and the prompt's first chunk together, so the stream is a decode row from the end of
-    that chunk on, on every boot, whatever the machine's load. (Sent as two requests, the prompt
-    arrived when the client got to it: on a loaded machine after the stream had ended, issue 40.)
-    Every decode batch holds the stream alone (the long prompt finishes at its prefill), so both
-    records are comparable across servers at T=0. Returns {"stream": Record, "prompt": Record};
-    raises if the answer is not the two requests' complete outputs."""
+    The stream asks for `stream_cap` tokens, far more than the prompt's passes take however loaded
+    the machine (the stream and the prompt's chunks share it), and the client closes it once the
+    prompt has finished and the stream has `stream_tokens`; its record is its first
+    `stream_tokens` tokens, the same on every boot wherever the close came. (A 48-token stream
+    could end before a prompt that a loaded client sent late: issue 40.) Returns {"stream": Record,
+    "prompt": Record}; raises if the stream fails or reaches its cap before the prompt finished."""
     stream_prompt = token_ids(60, 32)
+    last: dict = {}
+    seen: list = []
+    errors: list = []
+    prompt_done = threading.Event()
+
+    def run() -> None:
+        payload = {"input_ids": stream_prompt, "return_logprob": True,
+                   "sampling_params": {"temperature": 0.0, "max_new_tokens": stream_cap,
+                                       "ignore_eos": True}}
+        try:
+            for event in stream_events(server.url, payload, timeout=timeout):
+                last["event"] = event
+                seen.append(int(event["meta_info"]["completion_tokens"]))
+                if prompt_done.is_set() and seen[-1] >= stream_tokens:
+                    break           # closing the stream aborts it on the server
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not seen or seen[-1] < started:
+        if errors or not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"decode stream did not start: {errors or 'no tokens'}")
+        time.sleep(0.02)
     long_prompt = token_ids(70, prompt_tokens)
-    payload = {"input_ids": [stream_prompt, long_prompt], "return_logprob": True,
-               "sampling_params": [{"temperature": 0.0, "max_new_tokens": stream_tokens, "ignore_eos": True},
-                                   {"temperature": 0.0, "max_new_tokens": 1, "ignore_eos": True}]}
-    resp = requests.post(server.url + "/generate", json=payload, timeout=timeout)
-    resp.raise_for_status()
-    answers = resp.json()
-    if not isinstance(answers, list) or len(answers) != 2:
-        raise RuntimeError(f"expected two answers for the batch, got {str(answers)[:300]}")
-    stream, prompt = (_record(name, ids, answer) for name, ids, answer in (
-        ("stream-beside-chunked", stream_prompt, answers[0]), ("chunked-beside-stream", long_prompt, answers[1])))
-    if len(stream.ids) != stream_tokens or len(prompt.ids) != 1:
-        raise RuntimeError(f"incomplete answers: stream {len(stream.ids)} of {stream_tokens} tokens, "
-                           f"prompt {len(prompt.ids)} of 1")
-    return {"stream": stream, "prompt": prompt}
+    try:
+        prompt = _record("chunked-beside-stream", long_prompt,
+                         server.generate(long_prompt, max_new_tokens=1, timeout=timeout))
+    finally:
+        prompt_done.set()
+    running_after = seen[-1] < stream_cap
+    thread.join(timeout=timeout)
+    if errors or "event" not in last:
+        raise RuntimeError(f"decode stream failed: {errors}")
+    if not running_after:
+        raise RuntimeError(f"the stream reached its {stream_cap} tokens before the chunked prompt finished")
+    event = last["event"]
+    entries = event["meta_info"]["output_token_logprobs"]
+    if len(entries) < stream_tokens:
+        raise RuntimeError(f"the stream's last event holds {len(entries)} of {stream_tokens} tokens")
+    first = {**event, "meta_info": {**event["meta_info"], "output_token_logprobs": entries[:stream_tokens]}}
+    return {"stream": _record("stream-beside-chunked", stream_prompt, first), "prompt": prompt}
 
 
 # --- decode yield: stream cadence during a chunked prefill --------------------------------------
