@@ -1,6 +1,8 @@
-"""input_guard on the engine's real TokenizerManager._create_tokenized_object (installed by the
-production installer), and its check on its own. The HTTP side (400 where stock dies) is
-tests/e2e/test_e2e_faults.py on the real server."""
+"""input_guard on the engine's real TokenizerManager (built on CPU from the tiny dense model,
+vocabulary 1024; installed by the production installer), the engine's real HTTP app driven
+through it, and its check on its own. The real server: tests/e2e/test_e2e_faults.py."""
+import asyncio
+import time
 import types
 import typing
 from array import array
@@ -14,28 +16,37 @@ VOCAB = 1024
 KEYS = {"DSV41_INPUT_GUARD": "1"}
 
 
+@pytest.fixture(scope="module")
+def dense_model():
+    from adapter.cpu import models
+
+    return models.ensure_model("dense")
+
+
+def _real_manager(dense_model, **server_args):
+    """The engine's TokenizerManager, as the launcher builds it (its zmq sockets bound, no
+    scheduler behind them: what it would send is recorded by the caller)."""
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+    from sglang.srt.server_args import PortArgs, ServerArgs
+
+    args = ServerArgs(model_path=str(dense_model), device="cpu", skip_server_warmup=True,
+                      **server_args)
+    return args, lambda: TokenizerManager(args, PortArgs.init_new(args))
+
+
 @pytest.fixture
-def manager(install_adapters):
-    """A TokenizerManager with just what _create_tokenized_object reads, the guard installed, and
-    a tokenizer-role engine config active for the call (use_context: nothing published globally)."""
+def manager(install_adapters, dense_model):
+    """The engine's real TokenizerManager with the guard installed, a tokenizer-role engine
+    config active for the call (use_context: nothing published globally)."""
     status = install_adapters(KEYS)
     assert status["input_guard"].status == "installed", status["input_guard"]
     from sglang.srt import runtime_context as rc
-    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
-    from sglang.srt.managers.tokenizer_manager import TokenizerManager
-    from sglang.srt.sampling.sampling_params import SamplingParams
-    from sglang.srt.server_args import ServerArgs
 
-    tm = TokenizerManager.__new__(TokenizerManager)
-    tm.model_config = types.SimpleNamespace(vocab_size=VOCAB)
-    tm.preferred_sampling_params = None
-    tm.sampling_params_class = SamplingParams
-    tm.tokenizer = None
-    tm.tokenized_generate_req_type = TokenizedGenerateReqInput
-    tm.fake_bootstrap_room_counter = 0
-    tm.rid_to_state = {}
+    args, build = _real_manager(dense_model)
     receipts.forget("input_guard")
-    with rc.use_context(rc.create_context(ServerArgs(model_path="dummy"), role="tokenizer")):
+    with rc.use_context(rc.create_context(args, role="tokenizer")):
+        tm = build()
+        assert tm.model_config.vocab_size == VOCAB
         yield tm
     receipts.forget("input_guard")
 
@@ -46,8 +57,7 @@ def _tokenize(tm, input_ids, **extra):
     sampling = {"max_new_tokens": 2, **extra.pop("sampling", {})}
     obj = GenerateReqInput(input_ids=input_ids, sampling_params=sampling, **extra)
     obj.normalize_batch_and_arguments()
-    tm.rid_to_state[obj.rid] = types.SimpleNamespace(
-        time_stats=types.SimpleNamespace(set_tokenize_finish_time=lambda: None))
+    tm._init_req_state(obj)
     return tm._create_tokenized_object(obj, None, obj.input_ids)
 
 
@@ -86,8 +96,7 @@ def test_a_prompt_of_no_tokens_is_rejected(manager):
 
     obj = GenerateReqInput(text="", sampling_params={"max_new_tokens": 2})
     obj.normalize_batch_and_arguments()
-    manager.rid_to_state[obj.rid] = types.SimpleNamespace(
-        time_stats=types.SimpleNamespace(set_tokenize_finish_time=lambda: None))
+    manager._init_req_state(obj)
     with pytest.raises(ValueError, match="the prompt has no tokens"):
         manager._create_tokenized_object(obj, "", [])       # what the tokenizer made of ""
     assert _counts() == {"checked": 1, "rejected:input_ids": 1}
@@ -165,14 +174,19 @@ def test_values_stock_serves_pass(manager, extra):
     assert _counts() == {"checked": 1}
 
 
-def test_the_receipt_names_every_guarded_field():
+def test_the_receipt_names_every_guarded_field(install_adapters):
+    install_adapters({})        # the engine's modules imported, nothing of ours installed
     hooks = []
     ctx = types.SimpleNamespace(counters={}, fallback=lambda reason: None,
                                 around=lambda target, hook: hooks.append(target))
     receipt = input_guard.install(ctx)
-    assert hooks == ["TokenizerManager._create_tokenized_object"]
+    assert hooks == ["TokenizerManager._create_tokenized_object", "TokenizerControlMixin.open_session",
+                     "TokenizerControlMixin.close_session",
+                     "GenerateReqInput.normalize_batch_and_arguments", "Scheduler.abort_request",
+                     "XGrammarGrammar.accept_token", "XGrammarGrammar.fill_vocab_mask"]
     for field in input_guard.FIELDS:
         assert field.name in receipt, field.name
+    assert "stop_regex runs on RE2" in receipt and "aborts match rids exactly" in receipt
 
 
 def test_the_guarded_types_are_the_engines_declarations():
@@ -187,11 +201,26 @@ def test_the_guarded_types_are_the_engines_declarations():
 # --- the check on its own ---------------------------------------------------------------------
 
 def _req(**fields):
-    base = dict(input_ids=array("q", [1, 2]), mm_inputs=None, input_embeds=None,
-                sampling_params=types.SimpleNamespace(stop_token_ids=None), top_logprobs_num=0,
-                logprob_start_len=-1, lora_id=None, positional_embed_overrides=None)
+    """A tokenized request for the check on its own: the engine's real TokenizedGenerateReqInput
+    and SamplingParams, normalised as the tokenizer manager does (no tokenizer: ids only)."""
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    sampling = fields.pop("sampling_params", None)
+    if sampling is None or isinstance(sampling, dict):
+        sampling = SamplingParams(**(sampling or {}))
+        sampling.normalize(None)
+    base = dict(input_text=None, input_ids=array("q", [1, 2]), mm_inputs=None, input_embeds=None,
+                sampling_params=sampling, top_logprobs_num=0, return_logprob=False,
+                logprob_start_len=-1, lora_id=None, positional_embed_overrides=None, rid="r",
+                stream=False, token_ids_logprob=None)
     base.update(fields)
-    return types.SimpleNamespace(**base)
+    try:
+        return TokenizedGenerateReqInput(**base)
+    except TypeError:       # a shape the engine's struct would not take: a namespace carries it
+        return types.SimpleNamespace(**{**{f: None for f in ("session_id", "session_params",
+                                        "token_indices_to_pool", "multi_item_delimiter_indices")},
+                                        **base})
 
 
 @pytest.fixture(scope="module")
