@@ -209,7 +209,8 @@ def _req(**fields):
     sampling = fields.pop("sampling_params", None)
     if sampling is None or isinstance(sampling, dict):
         sampling = SamplingParams(**(sampling or {}))
-        sampling.normalize(None)
+        # normalize() encodes stop strings with the tokenizer: one character a token here
+        sampling.normalize(types.SimpleNamespace(encode=lambda text, add_special_tokens=False: list(text)))
     base = dict(input_text=None, input_ids=array("q", [1, 2]), mm_inputs=None, input_embeds=None,
                 sampling_params=sampling, top_logprobs_num=0, return_logprob=False,
                 logprob_start_len=-1, lora_id=None, positional_embed_overrides=None, rid="r",
@@ -322,3 +323,229 @@ def test_the_guard_rejects_every_value_that_killed_stock_and_passes_what_stock_s
             field = guarded[(r["struct"], r["field"])]
             refused = input_guard.check_field(field, *kinds[(field.struct, field.name)], r["value"], VOCAB)
             assert (refused is not None) == ((r["struct"], r["field"], r["value"]) in REFUSED_THOUGH_SERVED), r
+
+
+# --- issue 41: every field the scheduler, the sampling batch and the model read -----------------
+
+@pytest.mark.parametrize("sampling, reason, text", [
+    # the sampling batch's top_ks is int32: 2^31 with temperature > 0 kills stock (T=0 sets top_k 1)
+    ({"temperature": 1.0, "top_k": 2**31}, "top_k", r"top_k = 2147483648 is out of range: the "
+     r"scheduler stores it in top_ks \(torch.int32\); this engine expects an integer in 1..2147483647"),
+    ({"temperature": 0.7, "top_k": 1.5}, "top_k", "is float, not an integer"),
+    ({"max_new_tokens": 1.5}, "max_new_tokens", "is float, not an integer"),     # Ollama num_predict
+    ({"max_new_tokens": 2, "min_new_tokens": 2.0}, "min_new_tokens", "not an integer"),
+    ({"temperature": 1e39}, "temperature", r"a finite number in \[0.0, 3.40282e\+38\] \(as float32\)"),
+    ({"top_p": 1e-50}, "top_p", r"\(0.0, 1\]"),                                  # 0 in float32
+    ({"repetition_penalty": 1e-50}, "repetition_penalty", r"\(0.0, 2\]"),
+    ({"temperature": 1.0, "top_k": 50, "logit_bias": {"5": 1e39}}, "logit_bias",
+     r"logit_bias\['5'\] = 1e\+39 is not a finite float32"),
+    ({"logit_bias": {"5": "x"}}, "logit_bias", "is not a finite float32"),
+    ({"n": 129}, "n", r"n = 129 is over this line's limit of 128 parallel samples per request "
+                      r"\(DSV41_INPUT_GUARD_MAX_N\)"),
+    ({"stop": ["x" * 3000, "y" * 1500]}, "stop", r"sampling_params.stop has 4500 characters in 2 "
+     r"strings, over this line's limit of 4096 \(DSV41_INPUT_GUARD_MAX_STOP_CHARS\)"),
+    ({"stop_regex": "(?<=a)b"}, "stop_regex", r"uses a construct RE2 cannot run in linear time "
+     r"\(invalid perl operator: \(\?<=\)"),
+    ({"stop_regex": r"(a)\1"}, "stop_regex", "invalid escape sequence"),
+])
+def test_sampling_fields_are_checked_against_their_tensors_and_the_lines_bounds(
+        manager, sampling, reason, text):
+    with pytest.raises(ValueError, match=text):
+        _tokenize(manager, [5, 6, 7], sampling=dict({"max_new_tokens": 2}, **sampling))
+    # n: refused where the engine would expand the request n times, before the choke point
+    assert _counts() == ({"rejected:n": 1} if reason == "n" else {"checked": 1, f"rejected:{reason}": 1})
+
+
+@pytest.mark.parametrize("sampling", [
+    {"temperature": 1.0, "top_k": 50, "top_p": 0.9, "min_p": 0.05},
+    {"temperature": 0.7, "top_k": 2**31 - 1}, {"temperature": 1.0, "top_k": -1},
+    {"temperature": 1.0, "logit_bias": {"5": 100.0, "6": -1e30}}, {"n": 1},
+    {"stop": ["\n\n", "User:"]}, {"stop_regex": r"(.+)+\x00"},         # RE2 runs it in linear time
+    {"repetition_penalty": 1.1, "frequency_penalty": -2, "presence_penalty": 2},
+    {"max_new_tokens": 0}, {"max_new_tokens": None},
+])
+def test_ordinary_sampling_passes_unchanged(manager, sampling):
+    out = _tokenize(manager, [5, 6, 7], sampling=dict({"max_new_tokens": 2}, **sampling))
+    assert _counts() == {"checked": 1}
+    if "top_k" in sampling and sampling["top_k"] > 0:
+        assert out.sampling_params.top_k == sampling["top_k"]
+
+
+@pytest.mark.parametrize("extra, reason, text", [
+    ({"session_params": {"id": [1]}}, "sessions", "sessions are off on this line"),
+    ({"session_params": {"id": "abc", "offset": 3}}, "sessions", "request with session_params"),
+    # prefill-only with a pooling index past the prompt: the logits processor indexes its rows
+    ({"token_indices_to_pool": [0, 5], "sampling": {"max_new_tokens": 0}}, "token_indices_to_pool",
+     r"token_indices_to_pool contains 5, which is not a position of this request's prompt: valid "
+     r"positions are 0..2 \(3 prompt tokens\)"),
+    ({"multi_item_delimiter_indices": [-1]}, "multi_item_delimiter_indices", "contains -1"),
+    ({"return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": VOCAB,
+      "input_ids": list(range(5, 5 + 980))}, "logprob_entries",
+     r"asks for 1,003,520 prompt log-prob entries \(\(top_logprobs_num 1024 \+ 0 token_ids_logprob\) "
+     r"x 980 prompt positions from logprob_start_len 0\), over this line's limit of 1,000,000 "
+     r"\(DSV41_INPUT_GUARD_MAX_LOGPROB_ENTRIES\)"),
+])
+def test_sessions_index_fields_and_logprob_cost_are_refused(manager, extra, reason, text):
+    ids = extra.pop("input_ids", [5, 6, 7])
+    with pytest.raises(ValueError, match=text):
+        _tokenize(manager, ids, **extra)
+    assert _counts() == {"checked": 1, f"rejected:{reason}": 1}
+
+
+def test_a_huge_n_is_refused_before_the_engine_expands_the_request(manager):
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    obj = GenerateReqInput(input_ids=[5, 6], sampling_params={"n": 10**9, "max_new_tokens": 2})
+    began = time.perf_counter()
+    with pytest.raises(ValueError, match=r"n = 1000000000 is over this line's limit of 128"):
+        obj.normalize_batch_and_arguments()
+    assert time.perf_counter() - began < 0.5 and _counts() == {"rejected:n": 1}
+    ok = GenerateReqInput(input_ids=[5, 6], sampling_params={"n": 4, "max_new_tokens": 2})
+    ok.normalize_batch_and_arguments()
+    assert len(ok.rid) == 4
+
+
+def test_sessions_cannot_be_opened_or_closed(manager):
+    from sglang.srt.managers.io_struct import CloseSessionReqInput, OpenSessionReqInput
+
+    with pytest.raises(ValueError, match="sessions are off on this line .* /open_session"):
+        asyncio.run(manager.open_session(OpenSessionReqInput(capacity_of_str_len=100)))
+    with pytest.raises(ValueError, match="/close_session is refused"):
+        asyncio.run(manager.close_session(CloseSessionReqInput(session_id="another-clients")))
+
+
+def test_the_scheduler_searches_stop_regex_on_re2_in_linear_time(install_adapters):
+    install_adapters(KEYS)
+    from sglang.srt.managers import schedule_batch
+
+    assert isinstance(schedule_batch.re, input_guard.Re2Search)
+    text = "a" * 200_000                 # Python's re backtracks exponentially on this pattern
+    began = time.perf_counter()
+    assert schedule_batch.re.search(r"(.+)+\x00", text) is None
+    assert time.perf_counter() - began < 0.5
+    assert schedule_batch.re.search(r"b+c", "aabbbc").group(0) == "bbbc"
+    with pytest.raises(schedule_batch.re.error):            # the engine's own handler finishes it
+        schedule_batch.re.search("(?<=a)b", "ab")
+
+
+def test_without_re2_stop_regex_is_refused(kinds):
+    bad = input_guard.check(_req(sampling_params={"stop_regex": "x"}), VOCAB, kinds, re2=None)
+    assert bad == ("stop_regex", "stop_regex is refused on this line: its linear-time regex engine "
+                                 "(RE2, the google-re2 package) is not installed")
+
+
+def test_the_rid_must_be_a_string(kinds):
+    bad = input_guard.check(_req(rid=5), VOCAB, kinds, re2=input_guard.re2_module())
+    assert bad[0] == "rid" and "not a string" in bad[1]
+
+
+# --- rids are exact: the engine's Scheduler.abort_request, installed ------------------------------
+
+class _Req:
+    def __init__(self, rid):
+        self.rid = rid
+        self.finished_reason = None
+        self.to_finish = None
+        self.weight_version_events = []
+        self.output_ids = []
+        self.kv = types.SimpleNamespace(holds_mamba=False, holds_kv=False)
+
+    def finished(self):
+        return self.finished_reason is not None
+
+
+def _scheduler(waiting, running):
+    """The engine's Scheduler class with only what abort_request reads: constructing a real one
+    loads a model onto a device and joins process groups (a server boot: tests/e2e), so the
+    instance is made with __new__ and the engine's own abort_request runs on it."""
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+    from sglang.srt.managers.scheduler import Scheduler
+
+    sched = Scheduler.__new__(Scheduler)
+    sched.chunked_req = None
+    sched.mm_receiver = None
+    sched.dllm_config = None
+    sched.disaggregation_mode = DisaggregationMode.NULL
+    sched.waiting_queue = list(waiting)
+    sched.grammar_manager = types.SimpleNamespace(grammar_queue=[], abort_requests=lambda r: None)
+    sched.collect_inflight_reqs = lambda: set(running)
+    sched.aborted = []
+    sched._release_aborted_request = lambda req: None
+    sched.beam_coordinator = types.SimpleNamespace(retire_group=lambda req: None)
+    sched.send_abort_output = lambda out, req: sched.aborted.append(req.rid)
+    return sched
+
+
+@pytest.mark.parametrize("keys, a_aborted", [({}, True), (KEYS, False)])
+def test_an_abort_takes_exactly_its_rid(install_adapters, keys, a_aborted):
+    """Client A runs "job-7-long", client B's "job-7" is dropped: stock's prefix match takes A."""
+    install_adapters(keys)
+    from sglang.srt.managers.io_struct import AbortReq
+
+    a, b, queued_a, queued_b = _Req("job-7-long"), _Req("job-7"), _Req("job-7-x"), _Req("job-7")
+    sched = _scheduler([queued_a, queued_b], [a, b])
+    from sglang.srt import runtime_context as rc
+    from sglang.srt.server_args import ServerArgs
+
+    with rc.use_context(rc.create_context(ServerArgs(model_path="dummy"), role="scheduler")):
+        sched.abort_request(AbortReq(rid="job-7"))
+    assert (a.to_finish is not None) == a_aborted and b.to_finish is not None
+    assert sched.aborted == (["job-7", "job-7-x"] if a_aborted else ["job-7"])     # reversed pops
+    assert [r.rid for r in sched.waiting_queue] == ([] if a_aborted else ["job-7-x"])
+    assert a.rid == "job-7-long" and queued_a.rid == "job-7-x"      # rids restored
+
+
+def test_a_second_request_with_an_rid_in_flight_gets_a_400_naming_it(manager):
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    first = GenerateReqInput(input_ids=[5, 6], rid="job-7", sampling_params={"max_new_tokens": 2})
+    first.normalize_batch_and_arguments()
+    manager._init_req_state(first)
+    second = GenerateReqInput(input_ids=[5, 6], rid="job-7", sampling_params={"max_new_tokens": 2})
+    second.normalize_batch_and_arguments()
+    with pytest.raises(ValueError, match="Duplicate request ID detected: job-7"):    # the engine's
+        manager._init_req_state(second)
+
+
+# --- a grammar step is time-bounded per request (the engine's XGrammarGrammar, installed) --------
+
+class _SlowMatcher:
+    """Stands for xgrammar's GrammarMatcher (a compiled grammar needs the model's tokenizer info
+    and xgrammar's compiler; the cost under test is the time its calls take): each call sleeps."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+        self.calls = 0
+
+    def is_terminated(self):
+        return False
+
+    def accept_token(self, token):
+        self.calls += 1
+        time.sleep(self.seconds)
+        return True
+
+    def fill_next_token_bitmask(self, mask, idx):
+        self.calls += 1
+        time.sleep(self.seconds)
+
+
+def test_a_grammar_step_over_the_bound_finishes_only_its_request(install_adapters):
+    install_adapters({**KEYS, "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS": "20"})
+    from sglang.srt.constrained.xgrammar_backend import XGrammarGrammar
+
+    fast = XGrammarGrammar(_SlowMatcher(0.0), VOCAB, None, None)
+    slow = XGrammarGrammar(_SlowMatcher(0.05), VOCAB, None, None)
+    mask = np.zeros((2, VOCAB // 32), np.int32)
+    fast.fill_vocab_mask(mask, 0)
+    fast.accept_token(5)
+    slow.fill_vocab_mask(mask, 1)                           # over 20 ms: marked
+    with pytest.raises(ValueError, match=r"grammar took \d+ ms in one decode step "
+                                         r"\(fill_vocab_mask\), over this line's limit of 20 ms "
+                                         r"\(DSV41_INPUT_GUARD_GRAMMAR_STEP_MS\)"):
+        slow.accept_token(5)                                # the engine finishes that request
+    calls = slow.matcher.calls
+    slow.fill_vocab_mask(mask, 1)                           # no more grammar work for it
+    assert slow.matcher.calls == calls
+    fast.accept_token(6)                                    # the other request goes on
+    assert fast.accepted_tokens == [5, 6]
