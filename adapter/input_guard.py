@@ -176,6 +176,28 @@ EMBEDS = ("input_embeds request: the model reads the given embeddings and the sc
           "the ids; prompt ids not checked, request passed unchanged")
 
 
+def rejection_class():
+    """The exception a refused request raises: the engine's own ValueError (its routes answer it
+    with 400 naming the message), and an HTTP 400 too, for the routes that catch nothing (the
+    Ollama-compatible ones: the app's HTTPException handler answers it)."""
+    try:
+        from fastapi import HTTPException
+    except ImportError:         # no HTTP layer in this process: the engine's ValueError
+        return ValueError
+
+    class Rejected(ValueError, HTTPException):
+        def __init__(self, message: str):
+            HTTPException.__init__(self, status_code=400, detail=message)
+            ValueError.__init__(self, message)
+
+        def __str__(self):
+            return self.detail
+
+        __repr__ = ValueError.__repr__
+
+    return Rejected
+
+
 class Unchecked(Exception):
     """The guard could not check a value (a shape it does not know): the request is refused."""
 
@@ -648,11 +670,13 @@ def install(ctx) -> str:
             logged.add(key)
             receipts.line(NAME, fmt, *args)
 
+    rejected = rejection_class()
+
     def reject(reason: str, message: str):
         counters[f"rejected:{reason}"] += 1
         once(reason, "rejected a request (HTTP 400): %s; further %s rejections are counted, not "
              "logged", message, reason)
-        raise ValueError(message)
+        raise rejected(message)
 
     def create_tokenized_object(original, self, obj, *args, **kwargs):
         tokenized = original(self, obj, *args, **kwargs)     # the engine's errors propagate as is

@@ -549,3 +549,141 @@ def test_a_grammar_step_over_the_bound_finishes_only_its_request(install_adapter
     assert slow.matcher.calls == calls
     fast.accept_token(6)                                    # the other request goes on
     assert fast.accepted_tokens == [5, 6]
+
+
+# --- every route of the engine's HTTP app: the request routes pass the one check ------------------
+
+CHAT = [{"role": "user", "content": "hi"}]
+# A valid body per request route the dense CPU model serves (the embedding, scoring-decision,
+# transcription and responses routes: see ROUTE_NOT_DRIVEN).
+ROUTE_BODIES = {
+    "/generate": {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}},
+    "/v1/completions": {"model": "m", "prompt": "hello", "max_tokens": 4},
+    "/v1/chat/completions": {"model": "m", "messages": CHAT, "max_tokens": 4},
+    "/invocations": {"model": "m", "messages": CHAT, "max_tokens": 4},
+    "/v1/messages": {"model": "m", "max_tokens": 4, "messages": CHAT},
+    "/api/generate": {"model": "m", "prompt": "hi", "stream": False},
+    "/api/chat": {"model": "m", "messages": CHAT, "stream": False},
+    "/vertex_generate": {"instances": [{"text": "hello"}],
+                         "parameters": {"sampling_params": {"max_new_tokens": 4}}},
+    "/v1/score": {"query": "a", "items": ["b"], "label_token_ids": [5, 6]},
+}
+# The same routes with sampling on and top_k past the sampling batch's int32 (stock dies).
+SAMPLING_BAD = {
+    "/generate": {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4, "temperature": 1.0,
+                                                                "top_k": 2**31}},
+    "/v1/completions": {"model": "m", "prompt": "hello", "max_tokens": 4, "temperature": 1.0,
+                        "top_k": 2**31},
+    "/v1/chat/completions": {"model": "m", "messages": CHAT, "max_tokens": 4, "temperature": 1.0,
+                             "top_k": 2**31},
+    "/invocations": {"model": "m", "messages": CHAT, "max_tokens": 4, "temperature": 1.0,
+                     "top_k": 2**31},
+    "/v1/messages": {"model": "m", "max_tokens": 4, "messages": CHAT, "temperature": 1.0,
+                     "top_k": 2**31},
+    "/api/generate": {"model": "m", "prompt": "hi", "stream": False,
+                      "options": {"temperature": 1.0, "top_k": 2**31}},
+    "/api/chat": {"model": "m", "messages": CHAT, "stream": False,
+                  "options": {"num_predict": 1.5}},       # a float where the engine expects an int
+    "/vertex_generate": {"instances": [{"text": "hello"}], "parameters": {"sampling_params": {
+        "max_new_tokens": 4, "temperature": 1.0, "top_k": 2**31}}},
+}
+ROUTE_NOT_DRIVEN = {
+    "/encode": "embedding models only (--is-embedding)", "/classify": "embedding models only",
+    "/v1/embeddings": "embedding models only", "/v1/classify": "embedding models only",
+    "/v1/rerank": "embedding / cross-encoder models only",
+    "/v1/decisions": "schema-decision checkpoints only", "/v1/systemone": "schema-decision checkpoints only",
+    "/v1/audio/transcriptions": "speech models only", "/v1/realtime": "speech models only (websocket)",
+    "/v1/responses": "its handler needs the harmony vocabulary (a download): not set up on CPU",
+    "/health": "the engine's own fixed probe", "/health_generate": "the engine's own fixed probe",
+}
+
+
+class _Dispatched(Exception):
+    status_code = 599      # the routes that catch it answer with it: recognisably ours
+
+
+@pytest.fixture
+def app_client(install_adapters, dense_model):
+    """The engine's HTTP app with its lifespan run (its serving handlers built) over the engine's
+    real TokenizerManager with the guard installed; what would go to the scheduler is recorded at
+    `_dispatch_to_scheduler` and the request stopped there."""
+    status = install_adapters(KEYS)
+    assert status["input_guard"].status == "installed", status["input_guard"]
+    from sglang.srt import runtime_context as rc
+    from sglang.srt.entrypoints import http_server as hs
+    from sglang.srt.parser.template_manager import TemplateManager
+    from starlette.testclient import TestClient
+
+    args, build = _real_manager(dense_model)
+    receipts.forget("input_guard")
+    sent = []
+    with rc.use_context(rc.create_context(args, role="tokenizer")):
+        tm = build()
+        tm.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+        def dispatch(obj):
+            sent.append(obj)
+            raise _Dispatched("dispatched")
+
+        tm._dispatch_to_scheduler = dispatch
+        templates = TemplateManager()
+        templates.initialize_templates(tokenizer_manager=tm, model_path=str(dense_model),
+                                       chat_template=None, completion_template=None)
+        saved = hs.get_global_state()
+        hs.set_global_state(hs._GlobalState(tokenizer_manager=tm, template_manager=templates,
+                                            scheduler_info={}))
+        hs.app.is_single_tokenizer_mode = True
+        hs.app.server_args = args
+        hs.app.warmup_thread_kwargs = dict(server_args=args, execute_warmup_func=lambda a: False)
+        middleware = list(hs.app.user_middleware)
+        hs.app.middleware_stack = None
+        try:
+            with TestClient(hs.app, raise_server_exceptions=False) as client:
+                yield client, sent
+        finally:
+            hs.set_global_state(saved)
+            hs.app.user_middleware[:] = middleware      # what the lifespan added (metrics off: none)
+            hs.app.middleware_stack = None              # built again by the next test's app
+    receipts.forget("input_guard")
+
+
+def test_every_route_of_the_app_is_classified():
+    from adapter import admin_guard
+    from sglang.srt.entrypoints.http_server import app
+
+    admin = {r.path for r in admin_guard.admin_routes(app)}
+    served = {e.path for e in admin_guard.route_entries(app)}
+    assert "/scale_elastic_ep" in admin           # an included router's: walked
+    unclassified = served - admin - set(input_guard.ROUTES)
+    assert not unclassified, f"classify these routes in input_guard.ROUTES: {sorted(unclassified)}"
+    requests = {p for p, kind in input_guard.ROUTES.items() if kind.startswith("request")}
+    assert requests == set(ROUTE_BODIES) | set(ROUTE_NOT_DRIVEN)
+    assert not requests & admin and requests <= served
+
+
+def test_every_request_route_reaches_the_scheduler_only_through_the_check(app_client):
+    client, sent = app_client
+    for path, body in ROUTE_BODIES.items():
+        before, checked = len(sent), receipts.counters["input_guard"]["checked"]
+        resp = client.post(path, json=body)
+        assert len(sent) == before + 1, (path, resp.status_code, resp.text[:300])
+        assert receipts.counters["input_guard"]["checked"] == checked + 1, path
+        assert type(sent[-1]).__name__ == "TokenizedGenerateReqInput", path
+    for path, body in SAMPLING_BAD.items():
+        before = len(sent)
+        resp = client.post(path, json=body)
+        assert resp.status_code == 400, (path, resp.status_code, resp.text[:300])
+        assert len(sent) == before, path                        # nothing reached the scheduler
+    rejected = {k: v for k, v in receipts.counters["input_guard"].items() if k.startswith("rejected")}
+    assert rejected == {"rejected:top_k": len(SAMPLING_BAD) - 1, "rejected:max_new_tokens": 1}
+
+
+def test_session_routes_are_refused_through_the_app(app_client):
+    client, sent = app_client
+    resp = client.post("/open_session", json={"capacity_of_str_len": 100})
+    assert resp.status_code == 400 and "sessions are off on this line" in resp.text
+    resp = client.post("/close_session", json={"session_id": "another-clients"})
+    assert resp.status_code == 400 and "/close_session is refused" in resp.text
+    resp = client.post("/generate", json={"input_ids": [5, 6], "session_params": {"id": [1]}})
+    assert resp.status_code == 400 and "sessions are off" in resp.text
+    assert sent == []
