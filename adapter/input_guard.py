@@ -691,17 +691,17 @@ def install(ctx) -> str:
             return tokenized
         reject(*bad)
 
-    def normalize_batch_and_arguments(original, self, *args, **kwargs):
+    def generate_request(original, self, obj, *args, **kwargs):
         # n is the one bound whose cost is spent before the choke point: the engine's
-        # normalisation expands the request n times (rids, inputs, sampling params)
-        sp = self.sampling_params
+        # normalisation (first thing in generate_request) expands the request n times
+        sp = getattr(obj, "sampling_params", None)
         items = [sp] if isinstance(sp, dict) else sp if isinstance(sp, list) else ()
         for item in items:
             n = item.get("n", 1) if isinstance(item, dict) else 1
             if _is_int(n) and n > limits.n:
                 reject("n", f"sampling_params.n = {n} is over this line's limit of {limits.n} "
                             f"parallel samples per request ({LIMIT_KEYS['n']})")
-        return original(self, *args, **kwargs)
+        return original(self, obj, *args, **kwargs)
 
     def abort_request(original, self, recv_req):
         # The engine matches an abort's rid as a prefix of every request's rid: hide the others
@@ -772,7 +772,7 @@ def install(ctx) -> str:
     ctx.around("TokenizerManager._create_tokenized_object", create_tokenized_object)
     ctx.around("TokenizerControlMixin.open_session", open_session)
     ctx.around("TokenizerControlMixin.close_session", close_session)
-    ctx.around("GenerateReqInput.normalize_batch_and_arguments", normalize_batch_and_arguments)
+    ctx.around("TokenizerManager.generate_request", generate_request)
     ctx.around("Scheduler.abort_request", abort_request)
     ctx.around("XGrammarGrammar.accept_token", accept_token)
     ctx.around("XGrammarGrammar.fill_vocab_mask", fill_vocab_mask)

@@ -235,10 +235,11 @@ HOOKS: tuple[Hook, ...] = (
     # through their own `except Exception`: tests/test_input_guard.py drives them)
     Hook("input_guard", "sglang.srt.managers.tokenizer_control_mixin", "TokenizerControlMixin.open_session"),
     Hook("input_guard", "sglang.srt.managers.tokenizer_control_mixin", "TokenizerControlMixin.close_session"),
-    # input_guard: n is the one cost spent before the choke point (the engine's normalisation
-    # expands the request n times): bounded there.
-    Hook("input_guard", _IO, "GenerateReqInput.normalize_batch_and_arguments", touches=(
-        f"{_IO}:GenerateReqInput.sampling_params", f"{_IO}:GenerateReqInput._handle_parallel_sampling")),
+    # input_guard: n is the one cost spent before the choke point (the engine's normalisation,
+    # the first thing generate_request does, expands the request n times): bounded on the way in.
+    Hook("input_guard", _TM, "TokenizerManager.generate_request", touches=(
+        f"{_IO}:GenerateReqInput.sampling_params", f"{_IO}:GenerateReqInput.normalize_batch_and_arguments",
+        f"{_IO}:GenerateReqInput._handle_parallel_sampling")),
     # input_guard: rids are exact. The scheduler's abort matches every queue by rid prefix; the
     # requests whose rid merely starts with the aborted one are hidden for its duration.
     Hook("input_guard", _SCHED, "Scheduler.abort_request", touches=(

@@ -182,7 +182,7 @@ def test_the_receipt_names_every_guarded_field(install_adapters):
     receipt = input_guard.install(ctx)
     assert hooks == ["TokenizerManager._create_tokenized_object", "TokenizerControlMixin.open_session",
                      "TokenizerControlMixin.close_session",
-                     "GenerateReqInput.normalize_batch_and_arguments", "Scheduler.abort_request",
+                     "TokenizerManager.generate_request", "Scheduler.abort_request",
                      "XGrammarGrammar.accept_token", "XGrammarGrammar.fill_vocab_mask"]
     for field in input_guard.FIELDS:
         assert field.name in receipt, field.name
@@ -340,8 +340,6 @@ def test_the_guard_rejects_every_value_that_killed_stock_and_passes_what_stock_s
     ({"temperature": 1.0, "top_k": 50, "logit_bias": {"5": 1e39}}, "logit_bias",
      r"logit_bias\['5'\] = 1e\+39 is not a finite float32"),
     ({"logit_bias": {"5": "x"}}, "logit_bias", "is not a finite float32"),
-    ({"n": 129}, "n", r"n = 129 is over this line's limit of 128 parallel samples per request "
-                      r"\(DSV41_INPUT_GUARD_MAX_N\)"),
     ({"stop": ["x" * 3000, "y" * 1500]}, "stop", r"sampling_params.stop has 4500 characters in 2 "
      r"strings, over this line's limit of 4096 \(DSV41_INPUT_GUARD_MAX_STOP_CHARS\)"),
     ({"stop_regex": "(?<=a)b"}, "stop_regex", r"uses a construct RE2 cannot run in linear time "
@@ -352,8 +350,7 @@ def test_sampling_fields_are_checked_against_their_tensors_and_the_lines_bounds(
         manager, sampling, reason, text):
     with pytest.raises(ValueError, match=text):
         _tokenize(manager, [5, 6, 7], sampling=dict({"max_new_tokens": 2}, **sampling))
-    # n: refused where the engine would expand the request n times, before the choke point
-    assert _counts() == ({"rejected:n": 1} if reason == "n" else {"checked": 1, f"rejected:{reason}": 1})
+    assert _counts() == {"checked": 1, f"rejected:{reason}": 1}   # n: at the choke point too
 
 
 @pytest.mark.parametrize("sampling", [
@@ -398,11 +395,15 @@ def test_a_huge_n_is_refused_before_the_engine_expands_the_request(manager):
     obj = GenerateReqInput(input_ids=[5, 6], sampling_params={"n": 10**9, "max_new_tokens": 2})
     began = time.perf_counter()
     with pytest.raises(ValueError, match=r"n = 1000000000 is over this line's limit of 128"):
-        obj.normalize_batch_and_arguments()
+        manager.generate_request(obj)           # refused on the way in: nothing expanded
     assert time.perf_counter() - began < 0.5 and _counts() == {"rejected:n": 1}
-    ok = GenerateReqInput(input_ids=[5, 6], sampling_params={"n": 4, "max_new_tokens": 2})
-    ok.normalize_batch_and_arguments()
-    assert len(ok.rid) == 4
+    assert obj.rid is None                      # the engine's normalisation never ran
+
+
+def test_n_is_checked_at_the_choke_point_too(kinds):
+    bad = input_guard.check(_req(sampling_params={"n": 129}), VOCAB, kinds, re2=input_guard.re2_module())
+    assert bad == ("n", "sampling_params.n = 129 is over this line's limit of 128 parallel samples "
+                        "per request (DSV41_INPUT_GUARD_MAX_N)")
 
 
 def test_sessions_cannot_be_opened_or_closed(manager):
