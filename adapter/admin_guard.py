@@ -295,11 +295,14 @@ class AdminGuard:
         self.counters[f"refused:{route}"] += 1
         if route not in self.logged:
             self.logged.add(route)
-            receipts.line(NAME, "refused %s %s (HTTP %d): an admin route and %s; further refusals "
-                          "of %s are counted, not logged", method, path, status,
-                          "no --admin-api-key on the line" if status == 403 else
-                          "not the --admin-api-key (the engine's own auth does not see this "
-                          "route)", route)
+            if status == 403:
+                receipts.line(NAME, "refused %s %s (HTTP 403): an admin route and no "
+                              "--admin-api-key on the line; further refusals of %s are counted, "
+                              "not logged", method, path, route)
+            else:
+                receipts.line(NAME, "refused %s %s (HTTP 401): an admin route the engine's own "
+                              "auth does not see, without the --admin-api-key; further refusals "
+                              "of %s are counted, not logged", method, path, route)
         return route, status
 
 
