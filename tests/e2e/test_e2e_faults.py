@@ -535,6 +535,7 @@ STOCK41 = {
 # scheduler (at 160 tokens A had finished on this CPU before it did).
 RID_DROP_TOKENS = 2000
 GRAMMAR_AMBIGUOUS = "(a|aa|a*)*(a|aa)*b"
+GRAMMAR_TOKENS = 400
 
 
 def _issue41_send(server, path, body, timeout=60):
@@ -563,18 +564,37 @@ def _issue41_rid_drop(server) -> tuple[bool, str]:
     return resp.ok and got == RID_DROP_TOKENS, f"A: {resp.status_code}, {got} of {RID_DROP_TOKENS} tokens"
 
 
+def _token_a() -> int:
+    """The dense model's token for "a" (the ambiguous grammar's letter)."""
+    from transformers import AutoTokenizer
+
+    from adapter.cpu import models
+
+    tok = AutoTokenizer.from_pretrained(str(models.ensure_model("dense")))
+    return next(i for i in range(VOCAB) if tok.decode([i]) == "a")
+
+
 def _issue41_grammar_beside_stream(server) -> tuple[bool, str]:
-    """An ambiguous regex grammar beside a plain stream: the stream gets all its tokens; the
-    grammar request completes or is finished by the per-step bound."""
+    """An ambiguous regex grammar (xgrammar's matching grows with every "a": ~1 ms a step at 80
+    tokens, ~45 ms at 200 on this CPU) driven to keep producing "a" by its logit_bias, beside a
+    plain stream started a moment later: the stream gets all its tokens; the grammar request
+    completes or is finished by the per-step bound (DSV41_INPUT_GUARD_GRAMMAR_STEP_MS)."""
     with cf.ThreadPoolExecutor(2) as pool:
-        stream = pool.submit(requests.post, server.url + "/generate",
-                             json=_gen(traffic.token_ids(43, 32), 64), timeout=600)
         grammar = pool.submit(requests.post, server.url + "/generate", json={
             "input_ids": traffic.token_ids(44, 16), "sampling_params": {
-                "max_new_tokens": 64, "temperature": 0.0, "regex": GRAMMAR_AMBIGUOUS}}, timeout=600)
-        s, g = stream.result(timeout=600), grammar.result(timeout=600)
+                "max_new_tokens": GRAMMAR_TOKENS, "temperature": 0.0, "regex": GRAMMAR_AMBIGUOUS,
+                "logit_bias": {str(_token_a()): 100.0}}}, timeout=900)
+        time.sleep(2.0)
+        began = time.monotonic()
+        stream = pool.submit(requests.post, server.url + "/generate",
+                             json=_gen(traffic.token_ids(43, 32), 64), timeout=900)
+        s = stream.result(timeout=900)
+        took = time.monotonic() - began
+        g = grammar.result(timeout=900)
     got = len(s.json().get("output_ids", [])) if s.ok else 0
-    return s.ok and got == 64, f"stream: {s.status_code}, {got} of 64 tokens; grammar: {g.status_code} {g.text[:120]}"
+    reason = g.json().get("meta_info", {}).get("finish_reason") if g.ok else g.text[:160]
+    return s.ok and got == 64, (f"stream: {s.status_code}, {got} of 64 tokens in {took:.1f} s; "
+                                f"grammar: {g.status_code} {str(reason)[:160]}")
 
 
 def _issue41_run(server, name) -> list[Op]:
