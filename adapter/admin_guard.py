@@ -86,61 +86,111 @@ def message(route: str) -> str:
 class Route:
     path: str
     methods: tuple[str, ...]
-    level: str            # the engine's AuthLevel value: "admin_optional" | "admin_force"
+    level: str            # the engine's AuthLevel value ("admin_optional" | "admin_force"), or
+                          # UNMARKED: a state-changing route of an included router / mounted app
+    engine_sees: bool = True    # the engine's own route match (its auth middleware) finds its mark
+    source: str = "app"         # "app" | "router <prefix>" | "mount <path>"
+    reason: str = ""
+
+
+UNMARKED = "admin_unmarked"
+READ_ONLY = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    path: str
+    methods: frozenset
+    regex: object
+    level: str | None
+    engine_sees: bool
+    source: str
+    reason: str
 
 
 def _routes(app) -> list:
     return getattr(getattr(app, "router", None), "routes", None) or getattr(app, "routes", [])
 
 
-def admin_routes(app) -> list[Route]:
-    """The app's routes the engine marks ADMIN_OPTIONAL or ADMIN_FORCE (its `_auth_level`)."""
+def _walk(routes, prefix: str, source: str, out: list) -> None:
+    """Every route of a route list, included routers and mounted apps entered, in match order."""
+    from starlette.routing import Mount, compile_path
     from sglang.srt.utils.auth import AuthLevel
 
-    out = []
-    for route in _routes(app):
+    for route in routes:
+        original = getattr(route, "original_router", None)
+        context = getattr(route, "include_context", None)
+        if original is not None and context is not None:        # FastAPI's included router
+            _walk(original.routes, prefix + (context.prefix or ""), f"router {prefix + (context.prefix or '') or '/'}", out)
+            continue
+        if isinstance(route, Mount):
+            sub = getattr(route.app, "routes", None)
+            if sub is None:
+                path = prefix + route.path + "/{path:path}"
+                out.append(_Entry(path, frozenset(), compile_path(path)[0], UNMARKED, False,
+                                  f"mount {prefix + route.path}",
+                                  "a mounted app whose routes cannot be read: closed whole"))
+            else:
+                _walk(sub, prefix + route.path, f"mount {prefix + route.path}", out)
+            continue
+        path = getattr(route, "path", None)
+        if path is None:
+            continue
+        methods = frozenset(getattr(route, "methods", None) or ())
         level = getattr(getattr(route, "endpoint", None), "_auth_level", None)
-        if level in (AuthLevel.ADMIN_OPTIONAL, AuthLevel.ADMIN_FORCE):
-            out.append(Route(route.path, tuple(sorted(getattr(route, "methods", None) or ())),
-                             level.value))
+        level = level.value if isinstance(level, AuthLevel) and level != AuthLevel.NORMAL else None
+        reason = ""
+        if level is None and source != "app" and methods - READ_ONLY:
+            level, reason = UNMARKED, (f"added by an included {source} without the engine's admin "
+                                       f"mark, and {'/'.join(sorted(methods - READ_ONLY))} changes "
+                                       "server state")
+        regex = getattr(route, "path_regex", None) if not prefix else None
+        out.append(_Entry(prefix + path, methods, regex or compile_path(prefix + path)[0], level,
+                          source == "app", source, reason))
+
+
+def route_entries(app) -> list:
+    out: list = []
+    _walk(_routes(app), "", "app", out)
     return out
 
 
-def _template(app, scope) -> str:
-    """The path template of the route the request matched (a bounded label for the counter)."""
-    from starlette.routing import Match
-
-    for route in _routes(app):
-        try:
-            match, _ = route.matches(scope)
-        except Exception:  # noqa: BLE001 - as the engine's own route match
-            continue
-        if match == Match.FULL:
-            return getattr(route, "path", None) or scope.get("path", "?")
-    return scope.get("path", "?")
+def admin_routes(app) -> list[Route]:
+    """The app's admin routes wherever registered: those the engine marks ADMIN_OPTIONAL or
+    ADMIN_FORCE (its `_auth_level`), in the app itself or in a router it includes or an app it
+    mounts, plus the unmarked state-changing routes of included routers / mounted apps."""
+    return [Route(e.path, tuple(sorted(e.methods)), e.level, e.engine_sees, e.source, e.reason)
+            for e in route_entries(app) if e.level is not None]
 
 
-def refuses(app, scope, *, method: str, path: str, authorization, api_key) -> bool:
-    """Whether the guard answers this request 403: the engine's level for the route is
-    ADMIN_OPTIONAL and the engine's decision for ADMIN_FORCE with no admin key refuses it."""
-    from sglang.srt.utils.auth import AuthLevel, _get_auth_level_from_app_and_scope, decide_request_auth
+def _match(entries, method: str, path: str):
+    """The entry the request reaches (first full match: path and method), else None."""
+    for e in entries:
+        if e.regex.match(path) and (not e.methods or method in e.methods):
+            return e
+    return None
 
-    if _get_auth_level_from_app_and_scope(app, scope) != AuthLevel.ADMIN_OPTIONAL:
+
+def refuses(app, scope, *, method: str, path: str, authorization, api_key, entries=None) -> bool:
+    """Whether the guard answers this request 403 (no admin key on the line): the request reaches
+    an admin route (wherever registered) and the engine's decision for its ADMIN_FORCE level with
+    no admin key refuses it."""
+    from sglang.srt.utils.auth import AuthLevel, decide_request_auth
+
+    entry = _match(route_entries(app) if entries is None else entries, method, path)
+    if entry is None or entry.level is None:
         return False
     return not decide_request_auth(method=method, path=path, authorization_header=authorization,
                                    api_key=api_key, admin_api_key=None,
                                    auth_level=AuthLevel.ADMIN_FORCE).allowed
 
 
-def admin_path_regex(app):
-    """One regex over the path patterns of the app's ADMIN_OPTIONAL routes (their path_regex,
-    named groups made plain): a path it does not match cannot reach such a route, so the engine's
-    route match (~50-250 us over the whole table on this CPU) runs only for paths it matches."""
-    from sglang.srt.utils.auth import AuthLevel
-
-    patterns = [route.path_regex.pattern for route in _routes(app)
-                if getattr(getattr(route, "endpoint", None), "_auth_level", None)
-                == AuthLevel.ADMIN_OPTIONAL and getattr(route, "path_regex", None) is not None]
+def admin_path_regex(app, entries=None):
+    """One regex over the path patterns of the app's admin routes (named groups made plain): a
+    path it does not match cannot reach such a route, so the guard's own route match runs only
+    for paths it matches."""
+    entries = route_entries(app) if entries is None else entries
+    patterns = [e.regex.pattern for e in entries if e.level is not None]
     if not patterns:
         return None
     return re.compile("|".join(f"(?:{re.sub(r'[(][?]P<[^>]+>', '(?:', p)})" for p in patterns))
@@ -148,28 +198,37 @@ def admin_path_regex(app):
 
 class AdminGuard:
     """ASGI middleware (pure ASGI, like the engine's auth middleware: client disconnects reach the
-    routes unchanged)."""
+    routes unchanged). Without an admin key on the line: every admin route answers 403. With one:
+    the admin routes the engine's own auth does not see (included routers, mounted apps) need it
+    (401 without), the others are the engine's."""
 
     def __init__(self, app, *, fastapi_app, api_key, counters, engine_calls, fallback,
-                 harness_routes=()):
+                 harness_routes=(), admin_api_key=None):
         self.app = app
         self.harness_routes = tuple(harness_routes)   # DSV41_ADMIN_GUARD_TEST=1 (test only)
         self.fastapi_app = fastapi_app
         self.api_key = api_key
+        self.admin_api_key = admin_api_key
         self.counters = counters
         self.engine_calls = engine_calls      # one token per running engine self-call
         self.fallback = fallback
         self.logged: set = set()
         self._regex = None
+        self._entries: list = []
         self._regex_of = -1                   # the route count the regex was built for
 
     def _candidate(self, scope) -> bool:
-        """Could this path reach an ADMIN_OPTIONAL route? (rebuilt when the app's routes change)"""
+        """Could this path reach an admin route? (rebuilt when the app's routes change)"""
         from starlette.routing import get_route_path
 
         routes = _routes(self.fastapi_app)
         if len(routes) != self._regex_of:
-            self._regex, self._regex_of = admin_path_regex(self.fastapi_app), len(routes)
+            self._entries = route_entries(self.fastapi_app)
+            if self.admin_api_key:      # only the routes the engine's own auth does not see
+                self._entries = [e if not e.engine_sees else dataclasses.replace(e, level=None)
+                                 for e in self._entries]
+            self._regex = admin_path_regex(self.fastapi_app, self._entries)
+            self._regex_of = len(routes)
         return self._regex is not None and self._regex.match(get_route_path(scope)) is not None
 
     async def __call__(self, scope, receive, send):
@@ -177,35 +236,52 @@ class AdminGuard:
             await self.app(scope, receive, send)
             return
         try:
-            route = self._refused_route(scope) if self._candidate(scope) else None
+            refused = self._refused_route(scope) if self._candidate(scope) else None
         except Exception as exc:  # noqa: BLE001 - a failing decision never stops a request
             self.fallback(f"the decision itself failed ({type(exc).__name__}); request passed "
                           "unchanged")
-            route = None
-        if route is None:
+            refused = None
+        if refused is None:
             await self.app(scope, receive, send)
             return
         from fastapi.responses import ORJSONResponse
 
-        response = ORJSONResponse(content={"error": message(route)}, status_code=403)
+        route, status = refused
+        text = message(route) if status == 403 else keyed_message(route)
+        response = ORJSONResponse(content={"error": text}, status_code=status)
         await response(scope, receive, send)
 
     def _refused_route(self, scope):
-        """The route template when the request is refused, else None."""
+        """(route template, status) when the request is refused, else None."""
         from starlette.requests import Request
+        from sglang.srt.utils.auth import AuthLevel, decide_request_auth
 
         request = Request(scope)
-        if not refuses(self.fastapi_app, scope, method=request.method, path=request.url.path,
-                       authorization=request.headers.get("Authorization"), api_key=self.api_key):
+        method, path = request.method, request.url.path
+        entry = _match(self._entries, method, path)
+        if entry is None or entry.level is None:
             return None
-        route = _template(self.fastapi_app, scope)
+        authorization = request.headers.get("Authorization")
+        if self.admin_api_key:
+            if decide_request_auth(method=method, path=path, authorization_header=authorization,
+                                   api_key=self.api_key, admin_api_key=self.admin_api_key,
+                                   auth_level=AuthLevel.ADMIN_OPTIONAL).allowed:
+                return None
+            status = 401
+        else:
+            if decide_request_auth(method=method, path=path, authorization_header=authorization,
+                                   api_key=self.api_key, admin_api_key=None,
+                                   auth_level=AuthLevel.ADMIN_FORCE).allowed:
+                return None
+            status = 403
+        route = entry.path
         if route in self.harness_routes:
             if ("harness", route) not in self.logged:
                 self.logged.add(("harness", route))
                 receipts.line(NAME, "let %s through: DSV41_ADMIN_GUARD_TEST=1 (test only, the CPU "
                               "harness)", route)
             return None
-        if (request.method, route) == ENGINE_CALL and self.engine_calls:
+        if (method, route) == ENGINE_CALL and self.engine_calls:
             try:
                 self.engine_calls.pop()
             except IndexError:          # another request took it
@@ -219,10 +295,21 @@ class AdminGuard:
         self.counters[f"refused:{route}"] += 1
         if route not in self.logged:
             self.logged.add(route)
-            receipts.line(NAME, "refused %s %s (HTTP 403): an admin route and no --admin-api-key "
-                          "on the line; further refusals of %s are counted, not logged",
-                          request.method, request.url.path, route)
-        return route
+            if status == 403:
+                receipts.line(NAME, "refused %s %s (HTTP 403): an admin route and no "
+                              "--admin-api-key on the line; further refusals of %s are counted, "
+                              "not logged", method, path, route)
+            else:
+                receipts.line(NAME, "refused %s %s (HTTP 401): an admin route the engine's own "
+                              "auth does not see, without the --admin-api-key; further refusals "
+                              "of %s are counted, not logged", method, path, route)
+        return route, status
+
+
+def keyed_message(route: str) -> str:
+    return (f"Unauthorized: {route} is an admin route of this server; send its --admin-api-key "
+            f"as a bearer token (dsv41 admin_guard, {KEY}=1: the engine's own auth does not see "
+            "this route, which an included router adds)")
 
 
 def guard_app(ctx, engine_calls: list, harness_routes=()) -> bool:
@@ -233,20 +320,33 @@ def guard_app(ctx, engine_calls: list, harness_routes=()) -> bool:
     if serving.tokenizer_worker_num != 1:
         ctx.fallback(MULTI_TOKENIZER.format(n=serving.tokenizer_worker_num))
         return False
-    optional = [r for r in admin_routes(app) if r.level == "admin_optional"]
+    routes = admin_routes(app)
     if serving.admin_api_key:
-        receipts.line(NAME, "left the %d admin routes to the engine: --admin-api-key is set, so "
-                      "the engine keys them itself (nothing of ours added)", len(optional))
-        return False
-    if not optional:
+        unseen = [r for r in routes if not r.engine_sees]
+        if not unseen:
+            receipts.line(NAME, "left the %d admin routes to the engine: --admin-api-key is set, "
+                          "so the engine keys them itself (nothing of ours added)", len(routes))
+            return False
+        app.add_middleware(AdminGuard, fastapi_app=app, api_key=serving.api_key,
+                           counters=ctx.counters, engine_calls=engine_calls, fallback=ctx.fallback,
+                           harness_routes=harness_routes, admin_api_key=serving.admin_api_key)
+        receipts.line(NAME, "left %d admin routes to the engine (--admin-api-key is set) and keyed "
+                      "the %d its own auth does not see (%s) with that key: 401 without it",
+                      len(routes) - len(unseen), len(unseen), ", ".join(r.path for r in unseen))
+        return True
+    if not routes:
         ctx.fallback(NO_ADMIN_ROUTES)
         return False
     app.add_middleware(AdminGuard, fastapi_app=app, api_key=serving.api_key,
                        counters=ctx.counters, engine_calls=engine_calls, fallback=ctx.fallback,
                        harness_routes=harness_routes)
-    receipts.line(NAME, "closed %d admin routes (ADMIN_OPTIONAL) of the HTTP app: no "
+    receipts.line(NAME, "closed %d admin routes of the HTTP app (%d the engine marks, %d of them "
+                  "in included routers or mounted apps; %d unmarked state-changing): no "
                   "--admin-api-key on the line, they answer 403 naming it; health, readiness, "
-                  "/metrics and request routes unchanged", len(optional))
+                  "/metrics and request routes unchanged", len(routes),
+                  sum(r.level != UNMARKED for r in routes),
+                  sum(r.level != UNMARKED and not r.engine_sees for r in routes),
+                  sum(r.level == UNMARKED for r in routes))
     return True
 
 
@@ -262,31 +362,72 @@ def exposure(app, *, api_key, admin_api_key, tokenizer_worker_num: int, guarded:
     ours = guarded and single and not admin_api_key
     routes = []
     for r in admin_routes(app):
-        level = AuthLevel(r.level)
+        level = AuthLevel.ADMIN_OPTIONAL if r.level == UNMARKED else AuthLevel(r.level)
+        engine_level = level if r.engine_sees else AuthLevel.NORMAL
         method = r.methods[0] if r.methods else "GET"
         if ours and level == AuthLevel.ADMIN_OPTIONAL and not decide_request_auth(
                 method=method, path=r.path, authorization_header=None, api_key=api_key,
                 admin_api_key=None, auth_level=AuthLevel.ADMIN_FORCE).allowed:
             state, by = "closed", NAME
+        elif guarded and single and admin_api_key and not r.engine_sees:
+            state, by = "keyed", FLAG          # ours: the engine's own auth does not see it
         elif not engine_auth:
             state, by = "open", None
         else:
             decision = decide_request_auth(method=method, path=r.path, authorization_header=None,
                                            api_key=api_key, admin_api_key=admin_api_key,
-                                           auth_level=level)
+                                           auth_level=engine_level)
             if decision.allowed:
                 state, by = "open", None
             elif decision.error_status_code == 403:
                 state, by = "closed", "engine"
             else:
-                state, by = "keyed", FLAG if (admin_api_key or level == AuthLevel.ADMIN_FORCE) \
+                state, by = "keyed", FLAG if (admin_api_key and engine_level != AuthLevel.NORMAL
+                                              or engine_level == AuthLevel.ADMIN_FORCE) \
                     else "--api-key"
         routes.append({"path": r.path, "methods": list(r.methods), "level": r.level,
-                       "exposure": state, "by": by})
+                       "exposure": state, "by": by, "source": r.source})
     counts = {k: sum(x["exposure"] == k for x in routes) for k in ("open", "closed", "keyed")}
     return {"api_key": bool(api_key), "admin_api_key": bool(admin_api_key),
             "tokenizer_worker_num": tokenizer_worker_num, "guarded": ours, **counts,
             "routes": routes}
+
+
+REDACTED = "<redacted by dsv41 admin_guard>"
+SECRET_FIELDS = ("api_key", "admin_api_key")
+
+
+def redact_keys(value, secrets=()):
+    """`value` with every api_key / admin_api_key field (at any depth) and every occurrence of a
+    key's value in a string (the launch command) replaced by REDACTED; `value` itself unchanged."""
+    if isinstance(value, dict):
+        return {k: (REDACTED if k in SECRET_FIELDS and v is not None else redact_keys(v, secrets))
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(redact_keys(v, secrets) for v in value)
+    if isinstance(value, str):
+        for secret in secrets:
+            if secret and secret in value:
+                value = value.replace(secret, REDACTED)
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        names = [f.name for f in dataclasses.fields(value) if f.name in SECRET_FIELDS
+                 and getattr(value, f.name) is not None]
+        if names:
+            import copy
+
+            value = copy.copy(value)
+            for name in names:
+                object.__setattr__(value, name, REDACTED)
+    return value
+
+
+def _line_secrets() -> tuple:
+    try:
+        serving = sys.modules[HTTP_SERVER].get_serving()
+        return tuple(k for k in (serving.api_key, serving.admin_api_key) if k)
+    except Exception:  # noqa: BLE001 - no serving config here: the field names still redact
+        return ()
 
 
 def install(ctx) -> str:
@@ -312,10 +453,20 @@ def install(ctx) -> str:
             except ValueError:          # the guard let it through (popped)
                 pass
 
+    def redact_watermark_secrets(original, value, *args, **kwargs):
+        # what /server_info and /get_server_info return passes here whole (server args, the
+        # scheduler's internal state with its own copy of them, the launch command)
+        return redact_keys(original(value, *args, **kwargs), _line_secrets())
+
     ctx.around("_setup_and_run_http_server", setup_and_run_http_server)
+    ctx.around("redact_watermark_secrets", redact_watermark_secrets)
     ctx.around("_freeze_gc_after_server_warmup", freeze_gc_after_server_warmup)
-    return (f"{KEY}=1: unless {FLAG} is set, the routes the engine marks ADMIN_OPTIONAL answer "
-            f"HTTP 403 naming {FLAG} (the engine's ADMIN_FORCE rule, in a middleware of the "
-            "launcher's HTTP app); health, readiness, /metrics and request routes unchanged"
+    return (f"{KEY}=1: unless {FLAG} is set, the admin routes of the HTTP app wherever registered "
+            "(marked ADMIN_OPTIONAL by the engine, in the app, its included routers and mounted "
+            "apps, and unmarked state-changing routes of those) answer HTTP 403 naming "
+            f"{FLAG} (the engine's ADMIN_FORCE rule, in a middleware of the launcher's HTTP app); "
+            f"with {FLAG} set, the ones the engine's own auth does not see need that key; "
+            "/server_info and /get_server_info never show --api-key / --admin-api-key values; "
+            "health, readiness, /metrics and request routes unchanged"
             + (f"; {TEST_KEY}=1 (test only): {', '.join(harness)} left open for the CPU harness"
                if harness else ""))

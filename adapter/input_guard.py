@@ -53,6 +53,8 @@ Receipts: `[dsv41] input_guard installed: ...`; the first rejection of each reas
 from __future__ import annotations
 
 import dataclasses
+import functools
+import time
 import typing
 from array import array
 
@@ -92,7 +94,74 @@ FIELDS = (
           "an id outside the vocabulary: the min-new-tokens penalizer's scatter into a "
           "vocabulary-sized row (every request of the batch)"),
 )
-REASONS = ("input_ids", *(f.name for f in FIELDS), "unchecked")
+INT32_MAX = 2**31 - 1
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+@dataclasses.dataclass(frozen=True)
+class Number:
+    """A SamplingParams number the scheduler stores in a tensor: its type and the range that tensor
+    (and the sampler reading it) holds. int: an int (bool is an int to the engine); float: an int
+    or float, finite in float32 (the sampling batch's dtype)."""
+    name: str
+    kind: str                   # "int" | "float"
+    low: float | None
+    high: float | None
+    low_open: bool = False      # low itself not valid (after rounding to float32)
+    optional: bool = False
+    tensor: str = ""
+
+
+# What the sampling batch (sampling/sampling_batch_info.py) and the penalizers build from each
+# request's SamplingParams, one tensor row per request: a value outside its dtype's range or not
+# finite poisons every request of the batch (the int32 top_ks overflow; a NaN into the sampler).
+SAMPLING_NUMBERS = (
+    Number("max_new_tokens", "int", 0, INT32_MAX, optional=True, tensor="the scheduler's budgets (int32)"),
+    Number("min_new_tokens", "int", 0, INT32_MAX, tensor="the min-new-tokens penalizer (int32)"),
+    Number("top_k", "int", 1, INT32_MAX, tensor="top_ks (torch.int32)"),
+    Number("n", "int", 1, None, tensor="parallel samples"),
+    Number("beam_width", "int", 1, INT32_MAX, optional=True, tensor="beam search width"),
+    Number("temperature", "float", 0.0, FLOAT32_MAX, tensor="temperatures (torch.float32)"),
+    Number("top_p", "float", 0.0, 1.0, low_open=True, tensor="top_ps (torch.float32)"),
+    Number("min_p", "float", 0.0, 1.0, tensor="min_ps (torch.float32)"),
+    Number("frequency_penalty", "float", -2.0, 2.0, tensor="the frequency penalizer (float32)"),
+    Number("presence_penalty", "float", -2.0, 2.0, tensor="the presence penalizer (float32)"),
+    Number("repetition_penalty", "float", 0.0, 2.0, low_open=True,
+           tensor="the repetition penalizer (float32, divides by it)"),
+)
+# Index fields: positions into the prompt (the logits / hidden rows of this request's prefill).
+PROMPT_INDEX_FIELDS = ("token_indices_to_pool", "multi_item_delimiter_indices")
+GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
+SESSIONS_OFF = ("sessions are off on this line (dsv41 input_guard): the engine's sessions let any "
+                "client that knows a session id use or close it, so {what} is refused; send the "
+                "whole conversation in the request instead (the radix cache reuses its prefix)")
+LIMIT_KEYS = {"n": "DSV41_INPUT_GUARD_MAX_N",
+              "logprob_entries": "DSV41_INPUT_GUARD_MAX_LOGPROB_ENTRIES",
+              "stop": "DSV41_INPUT_GUARD_MAX_STOP_CHARS",
+              "grammar_step_ms": "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Per-request cost bounds an operator sets (adapter/keys.py); defaults no ordinary client hits."""
+    n: int = 128
+    logprob_entries: int = 1_000_000
+    stop_chars: int = 4096
+    grammar_step_ms: int = 100
+
+    @classmethod
+    def from_ctx(cls, ctx) -> "Limits":
+        value = getattr(ctx, "value", None)
+        if value is None:
+            return cls()
+        return cls(n=value(LIMIT_KEYS["n"]), logprob_entries=value(LIMIT_KEYS["logprob_entries"]),
+                   stop_chars=value(LIMIT_KEYS["stop"]),
+                   grammar_step_ms=value(LIMIT_KEYS["grammar_step_ms"]))
+
+
+REASONS = ("input_ids", *(f.name for f in FIELDS), *(n.name for n in SAMPLING_NUMBERS),
+           "logit_bias", "stop", "stop_regex", "grammar", "sessions", "rid",
+           *PROMPT_INDEX_FIELDS, "logprob_entries", "unchecked")
 
 # Counter keys in receipts.counters["input_guard"] (series: adapter/metrics.py KEYS).
 COUNTERS = {
@@ -105,6 +174,28 @@ MULTIMODAL = ("multimodal request: its ids carry the processor's placeholder tok
               "not checked, request passed unchanged")
 EMBEDS = ("input_embeds request: the model reads the given embeddings and the scheduler makes up "
           "the ids; prompt ids not checked, request passed unchanged")
+
+
+def rejection_class():
+    """The exception a refused request raises: the engine's own ValueError (its routes answer it
+    with 400 naming the message), and an HTTP 400 too, for the routes that catch nothing (the
+    Ollama-compatible ones: the app's HTTPException handler answers it)."""
+    try:
+        from fastapi import HTTPException
+    except ImportError:         # no HTTP layer in this process: the engine's ValueError
+        return ValueError
+
+    class Rejected(ValueError, HTTPException):
+        def __init__(self, message: str):
+            HTTPException.__init__(self, status_code=400, detail=message)
+            ValueError.__init__(self, message)
+
+        def __str__(self):
+            return self.detail
+
+        __repr__ = ValueError.__repr__
+
+    return Rejected
 
 
 class Unchecked(Exception):
@@ -271,9 +362,161 @@ def check_ids(tokenized, vocab: int, fallback):
             f"0..{vocab - 1} (vocabulary size {vocab}){more}")
 
 
-def check(tokenized, vocab: int, kinds: dict, fallback=lambda reason: None):
-    """(reason, message) when the tokenized request would kill the scheduler, else None.
-    Raises Unchecked when a value has a shape the guard does not know (the caller refuses it)."""
+def _is_real(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating))
+
+
+def _shape(value) -> str:
+    return "a list" if isinstance(value, (list, tuple)) else (
+        "an object" if isinstance(value, dict) else type(value).__name__)
+
+
+def check_number(num: Number, value, limits: Limits):
+    """A message when a SamplingParams number cannot be held by the tensor it ends up in."""
+    name = f"sampling_params.{num.name}"
+    if value is None:
+        return None if num.optional else f"{name} is missing: this engine expects a number"
+    high = limits.n if num.name == "n" else num.high
+    if num.kind == "int":
+        if not _is_int(value):
+            return (f"{name} = {_short(value)} is {_shape(value)}, not an integer: the scheduler "
+                    f"stores it in {num.tensor}")
+        if num.name == "n" and value > limits.n:
+            return (f"{name} = {value} is over this line's limit of {limits.n} parallel samples "
+                    f"per request ({LIMIT_KEYS['n']})")
+        if value < num.low or (high is not None and value > high):
+            return (f"{name} = {value} is out of range: the scheduler stores it in {num.tensor}; "
+                    f"this engine expects an integer in {num.low}..{high}")
+        return None
+    if not _is_real(value):
+        return (f"{name} = {_short(value)} is {_shape(value)}, not a number: the sampling batch "
+                f"stores it in {num.tensor}")
+    v = float(value)
+    bad = not np.isfinite(v) or abs(v) > FLOAT32_MAX
+    if not bad:
+        v32 = float(np.float32(v))
+        bad = v32 < num.low or v32 > high or (num.low_open and v32 <= num.low)
+    if bad:
+        low = f"({num.low}" if num.low_open else f"[{num.low}"
+        return (f"{name} = {_short(value)} is out of range: the sampling batch stores it in "
+                f"{num.tensor}; this engine expects a finite number in {low}, {high:g}] "
+                "(as float32)")
+    return None
+
+
+def check_logit_bias(bias, vocab: int):
+    if bias is None:
+        return None
+    if not isinstance(bias, dict):
+        return (f"sampling_params.logit_bias = {_short(bias)} is {_shape(bias)}: this engine "
+                "expects an object of token id -> bias")
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            return f"sampling_params.logit_bias has the key {_short(key)}, which is not a token id"
+        if not 0 <= token < vocab:
+            return (f"sampling_params.logit_bias has the key {_short(key)}, which is not a token id "
+                    f"of this model: valid ids are 0..{vocab - 1}")
+        if not _is_real(value) or not np.isfinite(float(value)) or abs(float(value)) > FLOAT32_MAX:
+            return (f"sampling_params.logit_bias[{_short(key)}] = {_short(value)} is not a finite "
+                    "float32: the sampling batch adds it to the logits in float32 (an overflow is "
+                    f"inf, then NaN in the sampler); this engine expects a number in "
+                    f"[-{FLOAT32_MAX:g}, {FLOAT32_MAX:g}]")
+    return None
+
+
+def _strings(value, name: str):
+    """The strings of a str-or-list field, or a message."""
+    items = [] if value is None else [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(x, str) for x in items):
+        return None, f"sampling_params.{name} = {_short(value)}: this engine expects strings"
+    return items, None
+
+
+def check_stops(sp, limits: Limits, re2):
+    """(reason, message) for stop strings over the line's limit or a stop_regex RE2 cannot run."""
+    stops, message = _strings(getattr(sp, "stop_strs", None), "stop")
+    if message:
+        return "stop", message
+    total = sum(len(x) for x in stops)
+    if total > limits.stop_chars:
+        return "stop", (f"sampling_params.stop has {total} characters in {len(stops)} strings, over "
+                        f"this line's limit of {limits.stop_chars} ({LIMIT_KEYS['stop']}): the "
+                        "scheduler matches every stop string against the output at every step")
+    regexes, message = _strings(getattr(sp, "stop_regex_strs", None), "stop_regex")
+    if message:
+        return "stop_regex", message
+    for pattern in regexes:
+        if re2 is None:
+            return "stop_regex", ("stop_regex is refused on this line: its linear-time regex engine "
+                                  "(RE2, the google-re2 package) is not installed")
+        try:
+            re2_compile(pattern)
+        except re2.error as exc:
+            why = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+            return "stop_regex", (f"stop_regex {_short(pattern)} uses a construct RE2 cannot run in "
+                                  f"linear time ({why}); this line runs stop_regex on RE2 only")
+    return None
+
+
+def check_grammar_fields(sp):
+    for name in GRAMMAR_FIELDS:
+        value = getattr(sp, name, None)
+        if value is not None and not isinstance(value, str):
+            return (f"sampling_params.{name} = {_short(value)} is {_shape(value)}: this engine "
+                    "expects one string")
+    return None
+
+
+def _prompt_len(tokenized) -> int | None:
+    if getattr(tokenized, "input_embeds", None) is not None:
+        return len(tokenized.input_embeds)
+    ids = getattr(tokenized, "input_ids", None)
+    return None if ids is None else len(ids)
+
+
+def check_prompt_indices(tokenized, prompt_len):
+    """(field, message) for an index field outside the prompt (its prefill's rows)."""
+    for name in PROMPT_INDEX_FIELDS:
+        value = getattr(tokenized, name, None)
+        if value is None:
+            continue
+        if not isinstance(value, (list, tuple)) or not all(_is_int(i) for i in value):
+            return name, (f"{name} = {_short(value)} is not a list of integers: this engine expects "
+                          "positions in the prompt")
+        if prompt_len is None:
+            raise Unchecked(f"{name} without prompt ids")
+        bad = next((i for i in value if not 0 <= i < prompt_len), None)
+        if bad is not None:
+            return name, (f"{name} contains {bad}, which is not a position of this request's "
+                          f"prompt: valid positions are 0..{prompt_len - 1} ({prompt_len} prompt "
+                          "tokens)")
+    return None
+
+
+def check_logprob_cost(tokenized, prompt_len, limits: Limits):
+    if not getattr(tokenized, "return_logprob", False) or prompt_len is None:
+        return None
+    k = tokenized.top_logprobs_num if _is_int(tokenized.top_logprobs_num) else 0
+    t = len(tokenized.token_ids_logprob or ())
+    start = tokenized.logprob_start_len
+    positions = max(prompt_len - start, 0) if _is_int(start) and start >= 0 else 0
+    entries = (max(k, 0) + t) * positions
+    if entries > limits.logprob_entries:
+        return ("asks for {:,} prompt log-prob entries ((top_logprobs_num {} + {} token_ids_logprob) "
+                "x {} prompt positions from logprob_start_len {}), over this line's limit of {:,} "
+                "({}): the tokenizer manager converts them all at once").format(
+                    entries, k, t, positions, start, limits.logprob_entries,
+                    LIMIT_KEYS["logprob_entries"])
+    return None
+
+
+def check(tokenized, vocab: int, kinds: dict, fallback=lambda reason: None, limits=Limits(),
+          re2=None):
+    """(reason, message) when the tokenized request would kill, hang or slow the scheduler past
+    this line's bounds, else None. Raises Unchecked when a value has a shape the guard does not
+    know (the caller refuses it)."""
     message = check_ids(tokenized, vocab, fallback)
     if message is not None:
         return "input_ids", message
@@ -289,27 +532,157 @@ def check(tokenized, vocab: int, kinds: dict, fallback=lambda reason: None):
         message = check_field(field, kind, optional, value, vocab)
         if message is not None:
             return field.name, message
+    if not isinstance(tokenized.rid, str):
+        return "rid", (f"rid = {_short(tokenized.rid)} is {_shape(tokenized.rid)}, not a string: "
+                       "this engine expects one string per request")
+    if getattr(tokenized, "session_params", None) is not None:
+        return "sessions", SESSIONS_OFF.format(what="a request with session_params")
+    if getattr(tokenized, "session_id", None) is not None:
+        return "sessions", SESSIONS_OFF.format(what="a request with session_id")
+    sp = tokenized.sampling_params
+    for num in SAMPLING_NUMBERS:
+        message = check_number(num, getattr(sp, num.name), limits)
+        if message is not None:
+            return num.name, message
+    message = check_logit_bias(sp.logit_bias, vocab)
+    if message is not None:
+        return "logit_bias", message
+    bad = check_stops(sp, limits, re2)
+    if bad is not None:
+        return bad
+    message = check_grammar_fields(sp)
+    if message is not None:
+        return "grammar", message
+    prompt_len = _prompt_len(tokenized)
+    bad = check_prompt_indices(tokenized, prompt_len)
+    if bad is not None:
+        return bad
+    if is_generate:
+        message = check_logprob_cost(tokenized, prompt_len, limits)
+        if message is not None:
+            return "logprob_entries", message
     return None
+
+
+# ---- RE2 (google-re2): stop_regex compiled at the choke point, searched in the scheduler ----------
+
+def re2_module():
+    """The google-re2 module, or None when it is not installed (stop_regex is then refused)."""
+    try:
+        import re2
+    except ImportError:
+        return None
+    return re2
+
+
+@functools.lru_cache(maxsize=1024)
+def re2_compile(pattern: str):
+    """The pattern compiled by RE2 (cached: the scheduler searches the same patterns every step);
+    raises re2.error naming the construct RE2 does not support."""
+    import re2
+
+    options = re2.Options()
+    options.log_errors = False
+    return re2.compile(pattern, options)
+
+
+class Re2Search:
+    """Stands for the `re` module in the engine's schedule_batch, whose only use of it is the
+    stop_regex search per decode step (`re.search(pattern, text)`, `re.error`): the search runs on
+    RE2, linear in the text; every other attribute is the real `re`'s."""
+
+    def __init__(self, real_re):
+        self._re = real_re
+        self.error = real_re.error
+
+    def search(self, pattern, string, flags=0):
+        if flags or not isinstance(pattern, str):
+            return self._re.search(pattern, string, flags)
+        try:
+            compiled = re2_compile(pattern)
+        except Exception as exc:  # noqa: BLE001 - the engine's own handler: the request is finished
+            raise self._re.error(f"stop_regex not runnable on RE2: {exc}") from None
+        return compiled.search(string)
+
+    def __getattr__(self, name):
+        return getattr(self._re, name)
+
+
+SB = "sglang.srt.managers.schedule_batch"
+
+# Every route of the engine's HTTP app (sglang.srt.entrypoints.http_server `app`, its included
+# routers walked), by what it sends the scheduler. tests/test_input_guard.py walks the real route
+# table: a route the engine adds fails it until it is classified here, and every REQUEST route is
+# driven through the real app and tokenizer manager to the dispatch, through the check.
+REQUEST = "request: builds a GenerateReqInput / EmbeddingReqInput -> TokenizerManager.generate_request -> _create_tokenized_object (the check)"
+SESSION = "session: refused by input_guard (sessions off)"
+ADMIN = "admin: closed by admin_guard"
+NO_REQUEST = "sends the scheduler no request a client shapes"
+ROUTES = {
+    "/generate": REQUEST, "/v1/completions": REQUEST, "/v1/chat/completions": REQUEST,
+    "/v1/messages": REQUEST, "/api/generate": REQUEST, "/api/chat": REQUEST,
+    "/vertex_generate": REQUEST, "/invocations": REQUEST, "/v1/responses": REQUEST,
+    "/v1/score": REQUEST, "/v1/decisions": REQUEST, "/v1/systemone": REQUEST,
+    "/encode": REQUEST, "/classify": REQUEST, "/v1/embeddings": REQUEST, "/v1/classify": REQUEST,
+    "/v1/rerank": REQUEST, "/v1/audio/transcriptions": REQUEST, "/v1/realtime": REQUEST,
+    "/health_generate": REQUEST + " (the engine's own fixed probe)",
+    "/health": REQUEST + " (the engine's own fixed probe)",
+    "/open_session": SESSION, "/close_session": SESSION,
+    # read-only or tokenizer-only: nothing reaches the scheduler, or only the engine's own queries
+    "/openapi.json": NO_REQUEST, "/docs": NO_REQUEST, "/docs/oauth2-redirect": NO_REQUEST,
+    "/redoc": NO_REQUEST, "/v1/loads": NO_REQUEST, "/ready": NO_REQUEST,
+    "/get_model_info": NO_REQUEST, "/model_info": NO_REQUEST,
+    "/get_server_info": NO_REQUEST + " (admin_guard redacts its keys)",
+    "/server_info": NO_REQUEST + " (admin_guard redacts its keys)",
+    "/get_hicache_l3_cache_layout": NO_REQUEST, "/parse_function_call": NO_REQUEST,
+    "/separate_reasoning": NO_REQUEST, "/tokenize": NO_REQUEST, "/v1/tokenize": NO_REQUEST,
+    "/detokenize": NO_REQUEST, "/v1/detokenize": NO_REQUEST, "/v1/models": NO_REQUEST,
+    "/v1/models/{model:path}": NO_REQUEST, "/v1/responses/{response_id}": NO_REQUEST,
+    "/v1/responses/{response_id}/cancel": NO_REQUEST + " (aborts that response's own rid)",
+    "/": NO_REQUEST, "/api/tags": NO_REQUEST, "/api/show": NO_REQUEST,
+    "/v1/messages/count_tokens": NO_REQUEST, "/ping": NO_REQUEST,
+}
+
+
+def live_reqs(scheduler) -> list:
+    """Every request the scheduler's abort_request matches against, where it looks for them
+    (the chunked request, the waiting queue, the running / last batches, the grammar queue)."""
+    out, seen = [], set()
+    groups = ([scheduler.chunked_req], scheduler.waiting_queue, scheduler.collect_inflight_reqs(),
+              scheduler.grammar_manager.grammar_queue)
+    for group in groups:
+        for req in (group.values() if isinstance(group, dict) else group):
+            if req is not None and id(req) not in seen:
+                seen.add(id(req))
+                out.append(req)
+    return out
 
 
 def install(ctx) -> str:
     counters = ctx.counters
     kinds = declared_kinds()        # the engine's declared types of the guarded fields
+    limits = Limits.from_ctx(ctx)
+    re2 = re2_module()
     logged: set = set()
+
+    def once(key, fmt, *args):
+        if key not in logged:
+            logged.add(key)
+            receipts.line(NAME, fmt, *args)
+
+    rejected = rejection_class()
 
     def reject(reason: str, message: str):
         counters[f"rejected:{reason}"] += 1
-        if reason not in logged:
-            logged.add(reason)
-            receipts.line(NAME, "rejected a request (HTTP 400): %s; further %s rejections are "
-                          "counted, not logged", message, reason)
-        raise ValueError(message)
+        once(reason, "rejected a request (HTTP 400): %s; further %s rejections are counted, not "
+             "logged", message, reason)
+        raise rejected(message)
 
     def create_tokenized_object(original, self, obj, *args, **kwargs):
         tokenized = original(self, obj, *args, **kwargs)     # the engine's errors propagate as is
         try:
             counters["checked"] += 1
-            bad = check(tokenized, self.model_config.vocab_size, kinds, ctx.fallback)
+            bad = check(tokenized, self.model_config.vocab_size, kinds, ctx.fallback, limits, re2)
         except Exception as exc:  # noqa: BLE001 - fail closed: what we could not check is refused
             detail = str(exc) if isinstance(exc, Unchecked) else type(exc).__name__
             reject("unchecked", f"input_guard could not check this request ({detail}); it is "
@@ -318,10 +691,106 @@ def install(ctx) -> str:
             return tokenized
         reject(*bad)
 
+    def generate_request(original, self, obj, *args, **kwargs):
+        # n is the one bound whose cost is spent before the choke point: the engine's
+        # normalisation (first thing in generate_request) expands the request n times
+        sp = getattr(obj, "sampling_params", None)
+        items = [sp] if isinstance(sp, dict) else sp if isinstance(sp, list) else ()
+        for item in items:
+            n = item.get("n", 1) if isinstance(item, dict) else 1
+            if _is_int(n) and n > limits.n:
+                reject("n", f"sampling_params.n = {n} is over this line's limit of {limits.n} "
+                            f"parallel samples per request ({LIMIT_KEYS['n']})")
+        return original(self, obj, *args, **kwargs)
+
+    def abort_request(original, self, recv_req):
+        # The engine matches an abort's rid as a prefix of every request's rid: hide the others
+        # whose rid merely starts with it for the duration of the engine's own abort.
+        rid = recv_req.rid
+        if recv_req.abort_all or not isinstance(rid, str) or not rid:
+            return original(self, recv_req)
+        if (getattr(self, "mm_receiver", None) is not None or self.dllm_config is not None
+                or str(getattr(self.disaggregation_mode, "value", self.disaggregation_mode)) != "null"):
+            ctx.fallback("abort_request in a disaggregated, dLLM or EPD scheduler: its other "
+                         "queues are matched by rid prefix as the engine does")
+            return original(self, recv_req)
+        mark = "\x01" if rid[0] == "\x00" else "\x00"
+        hidden = [(req, req.rid) for req in live_reqs(self)
+                  if isinstance(req.rid, str) and req.rid != rid and req.rid.startswith(rid)]
+        for req, own in hidden:
+            req.rid = mark + own
+        try:
+            return original(self, recv_req)
+        finally:
+            for req, own in hidden:
+                req.rid = own
+            if hidden:
+                once("abort_exact", "kept an abort exact: the abort of rid %r left %d running "
+                     "request(s) whose rid starts with it untouched (logged once)", rid, len(hidden))
+
+    budget_s = limits.grammar_step_ms / 1000.0
+
+    def over_budget(grammar, what: str, seconds: float) -> str:
+        message = (f"dsv41 input_guard: this request's grammar took {seconds * 1000:.0f} ms in one "
+                   f"decode step ({what}), over this line's limit of {limits.grammar_step_ms} ms "
+                   f"({LIMIT_KEYS['grammar_step_ms']}); the request is finished, the batch goes on")
+        grammar._dsv41_over_budget = message
+        once("grammar_step", "finished a request whose grammar step took %.0f ms (%s), over "
+             "%d ms (logged once)", seconds * 1000, what, limits.grammar_step_ms)
+        return message
+
+    def accept_token(original, self, token):
+        message = getattr(self, "_dsv41_over_budget", None)
+        if message is not None:
+            raise ValueError(message)            # the engine finishes that request (FINISH_ABORT)
+        began = time.perf_counter()
+        out = original(self, token)
+        spent = time.perf_counter() - began
+        if spent > budget_s:
+            raise ValueError(over_budget(self, "accept_token", spent))
+        return out
+
+    def fill_vocab_mask(original, self, vocab_mask, idx):
+        if getattr(self, "_dsv41_over_budget", None) is not None:
+            return None                          # no more grammar work: accept_token finishes it
+        began = time.perf_counter()
+        out = original(self, vocab_mask, idx)
+        spent = time.perf_counter() - began
+        if spent > budget_s:
+            over_budget(self, "fill_vocab_mask", spent)
+        return out
+
+    async def _refuse_session(what: str):
+        reject("sessions", SESSIONS_OFF.format(what=what))
+
+    def open_session(original, self, obj, *args, **kwargs):
+        return _refuse_session("/open_session")
+
+    def close_session(original, self, obj, *args, **kwargs):
+        return _refuse_session("/close_session")
+
     ctx.around("TokenizerManager._create_tokenized_object", create_tokenized_object)
-    return (f"{KEY}=1: the fields the stock scheduler dies on (prompt token ids, "
-            "logprob_start_len, top_logprobs_num, lora_id, positional_embed_overrides, "
-            "stop_token_ids) are checked in the tokenizer manager against the engine's declared "
-            "types and the ranges the scheduler relies on; a bad request gets HTTP 400 naming "
-            "the field, its value and the valid range; a request the guard cannot check gets 400 "
-            "too")
+    ctx.around("TokenizerControlMixin.open_session", open_session)
+    ctx.around("TokenizerControlMixin.close_session", close_session)
+    ctx.around("TokenizerManager.generate_request", generate_request)
+    ctx.around("Scheduler.abort_request", abort_request)
+    ctx.around("XGrammarGrammar.accept_token", accept_token)
+    ctx.around("XGrammarGrammar.fill_vocab_mask", fill_vocab_mask)
+    if re2 is not None:
+        import importlib
+        import re
+
+        schedule_batch = importlib.import_module(SB)
+        if not isinstance(schedule_batch.re, Re2Search):
+            schedule_batch.re = Re2Search(re)
+    return (f"{KEY}=1: every request's tokenized fields are checked in the tokenizer manager before "
+            "the scheduler (prompt ids, logprob_start_len, top_logprobs_num, lora_id, "
+            "positional_embed_overrides, stop_token_ids; each sampling number against its tensor's "
+            "type and range, logit_bias, rid, sessions (off), prompt index fields) and bounded "
+            f"(n <= {limits.n}, prompt log-prob entries <= {limits.logprob_entries}, stop strings "
+            f"<= {limits.stop_chars} characters); a bad request gets HTTP 400 naming the field or "
+            "the limit; a request the guard cannot check gets 400 too; "
+            + ("stop_regex runs on RE2 (linear time)" if re2 is not None else
+               "stop_regex refused (RE2, google-re2, not installed)")
+            + f"; a grammar step over {limits.grammar_step_ms} ms finishes its request; aborts "
+              "match rids exactly")

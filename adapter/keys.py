@@ -68,8 +68,25 @@ KEYS: tuple[Key, ...] = (
     Key("DSV41_AUTOTUNE_KEEP", "flag", "autotune_keep", enables=True, default=0,
         doc="ranks agree on the autotune cache; a launch sidecar drops stale caches"),
     Key("DSV41_INPUT_GUARD", "flag", "input_guard", enables=True, default=0,
-        doc="token ids outside the vocabulary get HTTP 400 in the tokenizer manager instead of "
-            "reaching the scheduler"),
+        doc="a request whose fields the scheduler, the sampling batch or the model cannot hold "
+            "(ids outside the vocabulary, values outside their tensor's range, sessions, "
+            "unbounded costs) gets HTTP 400 in the tokenizer manager instead of reaching the "
+            "scheduler; stop_regex runs on RE2, grammar steps are time-bounded, aborts match "
+            "rids exactly"),
+    Key("DSV41_INPUT_GUARD_MAX_N", "int", "input_guard", default=128, lo=1, hi=1_000_000,
+        doc="input_guard: the most parallel samples (sampling_params.n) one request may ask for; "
+            "more gets HTTP 400 naming this key (OpenAI's own API caps n at 128)"),
+    Key("DSV41_INPUT_GUARD_MAX_LOGPROB_ENTRIES", "int", "input_guard", default=1_000_000, lo=1,
+        hi=10**12, doc="input_guard: the most prompt log-prob entries one request may ask for "
+                       "((top_logprobs_num + len(token_ids_logprob)) x prompt positions from "
+                       "logprob_start_len); more gets HTTP 400 naming this key"),
+    Key("DSV41_INPUT_GUARD_MAX_STOP_CHARS", "int", "input_guard", default=4096, lo=1, hi=10**9,
+        doc="input_guard: the most characters a request's stop strings may have in total; more "
+            "gets HTTP 400 naming this key"),
+    Key("DSV41_INPUT_GUARD_GRAMMAR_STEP_MS", "int", "input_guard", default=100, lo=1, hi=600_000,
+        doc="input_guard: a constrained-decoding request whose grammar takes longer than this in "
+            "one decode step (xgrammar mask or accept) is finished with that reason; the batch "
+            "goes on"),
     Key("DSV41_ADMIN_GUARD", "flag", "admin_guard", enables=True, default=0,
         doc="the engine's admin routes (ADMIN_OPTIONAL) answer HTTP 403 naming --admin-api-key "
             "unless that key is configured"),

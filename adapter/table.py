@@ -56,6 +56,8 @@ _HTTP = "sglang.srt.entrypoints.http_server"
 _AUTH = "sglang.srt.utils.auth"
 _SERVING = "sglang.srt.arg_groups.fields.serving"
 _PS = "sglang.srt.distributed.parallel_state"
+_SP = "sglang.srt.sampling.sampling_params"
+_XG = "sglang.srt.constrained.xgrammar_backend"
 
 HOOKS: tuple[Hook, ...] = (
     # swan: SM12x sparse decode reads 256-token SWA pages in place (the SM12x decode entry;
@@ -212,7 +214,52 @@ HOOKS: tuple[Hook, ...] = (
         "sglang.srt.managers.embed_types:PositionalEmbeds",
         f"{_IO}:TokenizedEmbeddingReqInput.input_ids", f"{_IO}:TokenizedEmbeddingReqInput.mm_inputs",
         f"{_IO}:TokenizedEmbeddingReqInput.sampling_params",
-        "sglang.srt.sampling.sampling_params:SamplingParams.stop_token_ids")),
+        "sglang.srt.sampling.sampling_params:SamplingParams.stop_token_ids",
+        # every field the check reads (the scheduler's, the sampling batch's and the model's)
+        *(f"{_IO}:TokenizedGenerateReqInput.{f}" for f in (
+            "rid", "session_id", "session_params", "return_logprob", "token_ids_logprob",
+            "token_indices_to_pool", "multi_item_delimiter_indices")),
+        *(f"{_IO}:TokenizedEmbeddingReqInput.{f}" for f in (
+            "rid", "token_indices_to_pool", "multi_item_delimiter_indices")),
+        *(f"{_SP}:SamplingParams.{f}" for f in (
+            "max_new_tokens", "min_new_tokens", "top_k", "n", "beam_width", "temperature", "top_p",
+            "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias",
+            "stop_strs", "stop_regex_strs", "json_schema", "regex", "ebnf", "structural_tag")),
+        # the tensors those numbers end up in, and the scheduler's stop_regex search (RE2 there)
+        "sglang.srt.sampling.sampling_batch_info:SamplingBatchInfo.from_schedule_batch",
+        f"{_SB}:Req._check_str_based_finish", f"{_SB}:Req._locate_str_stop_finished_len",
+        f"{_SB}:Req.rid")),
+    # input_guard: sessions are off on the line (any client that knows a session id could use or
+    # close it): opening and closing one is refused where the tokenizer manager would send it.
+    # (the HTTP routes that call them, /open_session and /close_session, answer the refusal 400
+    # through their own `except Exception`: tests/test_input_guard.py drives them)
+    Hook("input_guard", "sglang.srt.managers.tokenizer_control_mixin", "TokenizerControlMixin.open_session"),
+    Hook("input_guard", "sglang.srt.managers.tokenizer_control_mixin", "TokenizerControlMixin.close_session"),
+    # input_guard: n is the one cost spent before the choke point (the engine's normalisation,
+    # the first thing generate_request does, expands the request n times): bounded on the way in.
+    Hook("input_guard", _TM, "TokenizerManager.generate_request", touches=(
+        f"{_IO}:GenerateReqInput.sampling_params", f"{_IO}:GenerateReqInput.normalize_batch_and_arguments",
+        f"{_IO}:GenerateReqInput._handle_parallel_sampling")),
+    # input_guard: rids are exact. The scheduler's abort matches every queue by rid prefix; the
+    # requests whose rid merely starts with the aborted one are hidden for its duration.
+    Hook("input_guard", _SCHED, "Scheduler.abort_request", touches=(
+        f"{_SCHED}:Scheduler.chunked_req", f"{_SCHED}:Scheduler.waiting_queue",
+        f"{_SCHED}:Scheduler.collect_inflight_reqs", f"{_SCHED}:Scheduler.grammar_manager",
+        f"{_SCHED}:Scheduler.mm_receiver", f"{_SCHED}:Scheduler.dllm_config",
+        f"{_SCHED}:Scheduler.disaggregation_mode",
+        "sglang.srt.constrained.grammar_manager:GrammarManager.grammar_queue",
+        "sglang.srt.constrained.grammar_manager:GrammarManager.abort_requests",
+        f"{_IO}:AbortReq.rid", f"{_IO}:AbortReq.abort_all", f"{_SB}:Req.rid")),
+    # input_guard: a grammar step is time-bounded per request (xgrammar, the engine's default
+    # backend): over the bound the request is finished through the engine's own accept_token
+    # error path, the batch goes on.
+    Hook("input_guard", _XG, "XGrammarGrammar.accept_token", touches=(
+        "sglang.srt.managers.scheduler_components.batch_result_processor:"
+        "SchedulerBatchResultProcessor._apply_prefill_grammar",
+        "sglang.srt.managers.scheduler_components.batch_result_processor:"
+        "SchedulerBatchResultProcessor._accept_grammar_tokens")),
+    Hook("input_guard", _XG, "XGrammarGrammar.fill_vocab_mask", touches=(
+        "sglang.srt.constrained.base_grammar_backend:BaseGrammarObject.fill_vocab_mask_batched",)),
     # admin_guard: where the engine adds its auth middleware (before uvicorn starts), add ours
     # when no admin key is configured: ADMIN_OPTIONAL routes get the engine's ADMIN_FORCE answer
     # (403) through the engine's own route match and decision; its post-warmup /freeze_gc passes.
@@ -227,6 +274,13 @@ HOOKS: tuple[Hook, ...] = (
         f"{_AUTH}:app_has_admin_force_endpoints")), # its gate, read by `dsv41 check`'s exposure
     Hook("admin_guard", _HTTP, "_freeze_gc_after_server_warmup", touches=(
         f"{_HTTP}:freeze_gc_async",)),              # the route its POST /freeze_gc reaches
+    # admin_guard: what /server_info and /get_server_info return passes the engine's own
+    # redaction whole; ours redacts --api-key / --admin-api-key there (fields and launch command).
+    Hook("admin_guard", _HTTP, "redact_watermark_secrets", touches=(
+        f"{_HTTP}:server_info", f"{_HTTP}:get_server_info", "sglang.srt.utils.common:build_server_info",
+        "sglang.srt.managers.scheduler_components.internal_state:"
+        "SchedulerInternalStateController.get_internal_state",
+        f"{_SERVING}:Serving.api_key", f"{_SERVING}:Serving.admin_api_key")),
 )
 
 # What the installer and the metrics exporter touch themselves (checked with every adapter's

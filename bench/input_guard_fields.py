@@ -12,6 +12,7 @@ outcome is what the server did: `dies` (the scheduler's exception, the server ex
 status, or `200`. A death reboots the server before the next row.
 
     .venv/bin/python bench/input_guard_fields.py [--line stock|production] [--json F [--resume]]
+        [--sampling greedy|top_k|top_p|min_p] [--route /generate|/vertex_generate]
     .venv/bin/python bench/input_guard_fields.py --markdown STOCK.json [PRODUCTION.json]
 
 With `--line production` the same rows go to the production line (every `dies` row of stock
@@ -37,6 +38,24 @@ from adapter.cpu import cpu_engine  # noqa: E402  (the engine's structs import o
 
 BASE = {"input_ids": [5, 6, 7, 8, 9], "return_logprob": True,
         "sampling_params": {"max_new_tokens": 3, "min_new_tokens": 1, "temperature": 0.0}}
+# issue 41: the sampling path runs only at temperature > 0 (the greedy base above never reaches
+# top_ks, top_ps, min_ps or the logit bias row): `--sampling` sends every row with one of these.
+SAMPLING = {"greedy": {"temperature": 0.0},
+            "top_k": {"temperature": 1.0, "top_k": 50},
+            "top_p": {"temperature": 1.0, "top_p": 0.9},
+            "min_p": {"temperature": 1.0, "min_p": 0.05}}
+# The routes that take the tokenized request's fields by name: /generate, and /vertex_generate
+# (its `parameters` become GenerateReqInput's fields, its instances the prompt).
+ROUTES = ("/generate", "/vertex_generate")
+
+
+def on_route(body: dict, route: str, sampling: str) -> dict:
+    """A row's /generate body with the sampling mode applied, as `route` takes it."""
+    body = dict(body, sampling_params={**body["sampling_params"], **SAMPLING[sampling]})
+    if route == "/generate":
+        return body
+    params = {k: v for k, v in body.items() if k != "input_ids"}
+    return {"instances": [{"input_ids": body["input_ids"]}], "parameters": params}
 BIG = 2 ** 40
 # Tokenized fields a client does not set by that name (set by the engine, or by another field).
 ENGINE_SET = {
@@ -139,7 +158,8 @@ def _row_key(row) -> str:
     return f"{row['struct']}.{row['field']}={json.dumps(row['value'])}"
 
 
-def measure(line: str, progress=print, save=None, done=None) -> list[dict]:
+def measure(line: str, progress=print, save=None, done=None, sampling: str = "greedy",
+            route: str = "/generate") -> list[dict]:
     import requests
 
     from adapter.cpu.server import CpuServer
@@ -162,7 +182,8 @@ def measure(line: str, progress=print, save=None, done=None) -> list[dict]:
                 server = _boot(CpuServer, keys, args, line)
                 boots += 1
             try:
-                resp = requests.post(server.url + "/generate", json=row["body"], timeout=120)
+                resp = requests.post(server.url + route, json=on_route(row["body"], route, sampling),
+                                     timeout=120)
                 status = resp.status_code
                 detail = resp.text[:200]
             except requests.RequestException as exc:
@@ -233,6 +254,9 @@ def markdown(stock: list[dict], production: list[dict] | None = None) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--line", choices=("stock", "production"), default="stock")
+    ap.add_argument("--sampling", choices=tuple(SAMPLING), default="greedy",
+                    help="the sampling mode every row is sent with (issue 41: temperature > 0)")
+    ap.add_argument("--route", choices=ROUTES, default="/generate")
     ap.add_argument("--json", type=pathlib.Path, help="write every row (body, outcome) here")
     ap.add_argument("--resume", action="store_true",
                     help="keep the rows already in --json (a run that stopped) and measure the rest")
@@ -257,7 +281,7 @@ def main(argv=None) -> int:
     if a.resume and a.json and a.json.exists():
         done = [dict(r, outcome=r[a.line], detail=r.get(f"{a.line}_dies_at", ""))
                 for r in json.loads(a.json.read_text())]
-    table = measure(a.line, save=save, done=done)
+    table = measure(a.line, save=save, done=done, sampling=a.sampling, route=a.route)
     save(table)
     dies = [r for r in table if r["outcome"] == "dies"]
     print(f"input_guard fields ({a.line}): {len(table)} rows, {len(dies)} kill the scheduler")

@@ -14,7 +14,11 @@ KEYS = {"DSV41_ADMIN_GUARD": "1"}
 
 
 class Manager:
-    """What the admin endpoints under test call on the engine's tokenizer manager."""
+    """What the admin endpoints under test call on the engine's tokenizer manager. Not the engine's
+    TokenizerManager (tests/test_input_guard.py builds that one on CPU): its admin methods send a
+    control request through its communicators and await the scheduler's answer, and no scheduler
+    runs here; this stand-in records that the route reached the manager, which is what the guard
+    decides."""
 
     def __init__(self):
         self.calls = []
@@ -109,9 +113,13 @@ def test_every_admin_optional_route_answers_403_naming_the_flag_and_reaches_noth
     # the first refusal of each path template is logged, the others counted
     assert len(_lines(caplog, "[dsv41] admin_guard refused ")) == len(want)
     closed = _lines(caplog, "[dsv41] admin_guard closed ")
-    assert closed == [f"[dsv41] admin_guard closed {len(routes)} admin routes (ADMIN_OPTIONAL) of the "
-                      "HTTP app: no --admin-api-key on the line, they answer 403 naming it; health, "
-                      "readiness, /metrics and request routes unchanged"]
+    unseen = sum(not r.engine_sees for r in routes)
+    assert unseen >= 2         # /scale_elastic_ep, /is_scaling_elastic_ep: the elastic-EP router's
+    assert closed == [f"[dsv41] admin_guard closed {len(routes)} admin routes of the HTTP app "
+                      f"({len(routes)} the engine marks, {unseen} of them in included routers or "
+                      "mounted apps; 0 unmarked state-changing): no --admin-api-key on the line, "
+                      "they answer 403 naming it; health, readiness, /metrics and request routes "
+                      "unchanged"]
 
 
 def test_negative_control_without_the_adapter_the_same_route_reaches_the_scheduler_path(serve):
@@ -196,22 +204,73 @@ def test_a_failing_decision_is_one_fallback_line_and_the_request_passes(guard_kw
     def broken(*a, **k):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(admin_guard, "refuses", broken)
+    monkeypatch.setattr(admin_guard, "_match", broken)      # the guard's route match
     assert _through(guard_kwargs, "POST", "/dump_expert_distribution_record") == (200, True)
     assert guard_kwargs["fallback"] == ["the decision itself failed (RuntimeError); request "
                                         "passed unchanged"]
 
 
-def test_with_the_admin_key_the_engine_keys_its_routes_and_nothing_of_ours_is_added(serve, caplog):
+def test_with_the_admin_key_the_engine_keys_its_routes_and_ours_keys_what_it_misses(serve, caplog):
     client, manager = serve(KEYS, admin_api_key="sekret")
-    from sglang.srt.entrypoints.http_server import app
-
-    assert not any(m.cls is admin_guard.AdminGuard for m in app.user_middleware)
     assert client.post("/dump_expert_distribution_record").status_code == 401     # the engine's
     ok = client.post("/dump_expert_distribution_record", headers={"Authorization": "Bearer sekret"})
     assert ok.status_code == 200 and manager.calls == ["dump_expert_distribution_record"]
-    assert len(_lines(caplog, "[dsv41] admin_guard left the ")) == 1
-    assert dict(receipts.counters["admin_guard"]) == {}
+    # the elastic-EP router's admin route: the engine's own match does not see its mark
+    refused = client.post("/scale_elastic_ep", json={})
+    assert refused.status_code == 401 and "--admin-api-key" in refused.json()["error"]
+    assert client.post("/scale_elastic_ep", json={},
+                       headers={"Authorization": "Bearer sekret"}).status_code != 401   # its handler
+    assert len(_lines(caplog, "[dsv41] admin_guard left 42 admin routes to the engine")) == 1
+    assert dict(receipts.counters["admin_guard"]) == {"refused:/scale_elastic_ep": 1}
+
+
+def test_without_the_guard_an_included_routers_admin_route_is_open_even_with_the_admin_key(serve):
+    client, manager = serve({}, admin_api_key="sekret")
+    assert client.post("/scale_elastic_ep", json={}).status_code not in (401, 403)     # stock
+
+
+def test_server_info_never_shows_the_keys(serve, monkeypatch):
+    client, manager = serve(KEYS, api_key="inference-key", admin_api_key="admin-key")
+    from sglang.srt.entrypoints import http_server as hs
+
+    async def internal_state():
+        return [{"api_key": "inference-key", "admin_api_key": "admin-key", "tp_size": 1}]
+
+    manager.get_internal_state = internal_state
+    monkeypatch.setattr(hs, "_global_state", types.SimpleNamespace(
+        tokenizer_manager=manager, scheduler_info={}), raising=False)
+    manager.server_args = hs.get_context().server_args if hasattr(hs, "get_context") else None
+    from sglang.srt.server_args import ServerArgs
+
+    args = ServerArgs(model_path="dummy", api_key="inference-key", admin_api_key="admin-key")
+    args._launch_command = "python -m sglang.launch_server --api-key inference-key --admin-api-key admin-key"
+    manager.server_args = args
+    manager.startup_time = 0.0
+    for path in ("/server_info", "/get_server_info"):
+        resp = client.get(path, headers={"Authorization": "Bearer inference-key"})
+        assert resp.status_code == 200, resp.text[:300]
+        text = resp.text
+        assert "inference-key" not in text and "admin-key" not in text, text[:500]
+        body = resp.json()
+        assert body["api_key"] == body["admin_api_key"] == admin_guard.REDACTED
+        assert body["internal_states"][0]["admin_api_key"] == admin_guard.REDACTED
+        assert admin_guard.REDACTED in body["launch_command"]
+
+
+def test_an_included_routers_unmarked_state_changing_route_is_an_admin_route(install_adapters):
+    install_adapters({})
+    from fastapi import APIRouter, FastAPI
+
+    router = APIRouter()
+    router.add_api_route("/reshard", lambda: None, methods=["POST"])
+    router.add_api_route("/shards", lambda: None, methods=["GET"])
+    app = FastAPI()
+    app.include_router(router, prefix="/ops")
+    routes = {r.path: r for r in admin_guard.admin_routes(app)}
+    assert set(routes) == {"/ops/reshard"}              # GET /ops/shards: read-only, stays open
+    assert routes["/ops/reshard"].level == admin_guard.UNMARKED and not routes["/ops/reshard"].engine_sees
+    assert admin_guard.refuses(app, _scope("POST", "/ops/reshard"), method="POST", path="/ops/reshard",
+                               authorization=None, api_key=None)
 
 
 def test_with_only_the_api_key_the_engine_checks_it_first_and_the_guard_still_closes(serve):

@@ -1,6 +1,8 @@
-"""input_guard on the engine's real TokenizerManager._create_tokenized_object (installed by the
-production installer), and its check on its own. The HTTP side (400 where stock dies) is
-tests/e2e/test_e2e_faults.py on the real server."""
+"""input_guard on the engine's real TokenizerManager (built on CPU from the tiny dense model,
+vocabulary 1024; installed by the production installer), the engine's real HTTP app driven
+through it, and its check on its own. The real server: tests/e2e/test_e2e_faults.py."""
+import asyncio
+import time
 import types
 import typing
 from array import array
@@ -14,28 +16,37 @@ VOCAB = 1024
 KEYS = {"DSV41_INPUT_GUARD": "1"}
 
 
+@pytest.fixture(scope="module")
+def dense_model():
+    from adapter.cpu import models
+
+    return models.ensure_model("dense")
+
+
+def _real_manager(dense_model, **server_args):
+    """The engine's TokenizerManager, as the launcher builds it (its zmq sockets bound, no
+    scheduler behind them: what it would send is recorded by the caller)."""
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+    from sglang.srt.server_args import PortArgs, ServerArgs
+
+    args = ServerArgs(model_path=str(dense_model), device="cpu", skip_server_warmup=True,
+                      **server_args)
+    return args, lambda: TokenizerManager(args, PortArgs.init_new(args))
+
+
 @pytest.fixture
-def manager(install_adapters):
-    """A TokenizerManager with just what _create_tokenized_object reads, the guard installed, and
-    a tokenizer-role engine config active for the call (use_context: nothing published globally)."""
+def manager(install_adapters, dense_model):
+    """The engine's real TokenizerManager with the guard installed, a tokenizer-role engine
+    config active for the call (use_context: nothing published globally)."""
     status = install_adapters(KEYS)
     assert status["input_guard"].status == "installed", status["input_guard"]
     from sglang.srt import runtime_context as rc
-    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
-    from sglang.srt.managers.tokenizer_manager import TokenizerManager
-    from sglang.srt.sampling.sampling_params import SamplingParams
-    from sglang.srt.server_args import ServerArgs
 
-    tm = TokenizerManager.__new__(TokenizerManager)
-    tm.model_config = types.SimpleNamespace(vocab_size=VOCAB)
-    tm.preferred_sampling_params = None
-    tm.sampling_params_class = SamplingParams
-    tm.tokenizer = None
-    tm.tokenized_generate_req_type = TokenizedGenerateReqInput
-    tm.fake_bootstrap_room_counter = 0
-    tm.rid_to_state = {}
+    args, build = _real_manager(dense_model)
     receipts.forget("input_guard")
-    with rc.use_context(rc.create_context(ServerArgs(model_path="dummy"), role="tokenizer")):
+    with rc.use_context(rc.create_context(args, role="tokenizer")):
+        tm = build()
+        assert tm.model_config.vocab_size == VOCAB
         yield tm
     receipts.forget("input_guard")
 
@@ -46,8 +57,7 @@ def _tokenize(tm, input_ids, **extra):
     sampling = {"max_new_tokens": 2, **extra.pop("sampling", {})}
     obj = GenerateReqInput(input_ids=input_ids, sampling_params=sampling, **extra)
     obj.normalize_batch_and_arguments()
-    tm.rid_to_state[obj.rid] = types.SimpleNamespace(
-        time_stats=types.SimpleNamespace(set_tokenize_finish_time=lambda: None))
+    tm._init_req_state(obj)
     return tm._create_tokenized_object(obj, None, obj.input_ids)
 
 
@@ -86,8 +96,7 @@ def test_a_prompt_of_no_tokens_is_rejected(manager):
 
     obj = GenerateReqInput(text="", sampling_params={"max_new_tokens": 2})
     obj.normalize_batch_and_arguments()
-    manager.rid_to_state[obj.rid] = types.SimpleNamespace(
-        time_stats=types.SimpleNamespace(set_tokenize_finish_time=lambda: None))
+    manager._init_req_state(obj)
     with pytest.raises(ValueError, match="the prompt has no tokens"):
         manager._create_tokenized_object(obj, "", [])       # what the tokenizer made of ""
     assert _counts() == {"checked": 1, "rejected:input_ids": 1}
@@ -165,14 +174,19 @@ def test_values_stock_serves_pass(manager, extra):
     assert _counts() == {"checked": 1}
 
 
-def test_the_receipt_names_every_guarded_field():
+def test_the_receipt_names_every_guarded_field(install_adapters):
+    install_adapters({})        # the engine's modules imported, nothing of ours installed
     hooks = []
     ctx = types.SimpleNamespace(counters={}, fallback=lambda reason: None,
                                 around=lambda target, hook: hooks.append(target))
     receipt = input_guard.install(ctx)
-    assert hooks == ["TokenizerManager._create_tokenized_object"]
+    assert hooks == ["TokenizerManager._create_tokenized_object", "TokenizerControlMixin.open_session",
+                     "TokenizerControlMixin.close_session",
+                     "TokenizerManager.generate_request", "Scheduler.abort_request",
+                     "XGrammarGrammar.accept_token", "XGrammarGrammar.fill_vocab_mask"]
     for field in input_guard.FIELDS:
         assert field.name in receipt, field.name
+    assert "stop_regex runs on RE2" in receipt and "aborts match rids exactly" in receipt
 
 
 def test_the_guarded_types_are_the_engines_declarations():
@@ -187,11 +201,27 @@ def test_the_guarded_types_are_the_engines_declarations():
 # --- the check on its own ---------------------------------------------------------------------
 
 def _req(**fields):
-    base = dict(input_ids=array("q", [1, 2]), mm_inputs=None, input_embeds=None,
-                sampling_params=types.SimpleNamespace(stop_token_ids=None), top_logprobs_num=0,
-                logprob_start_len=-1, lora_id=None, positional_embed_overrides=None)
+    """A tokenized request for the check on its own: the engine's real TokenizedGenerateReqInput
+    and SamplingParams, normalised as the tokenizer manager does (no tokenizer: ids only)."""
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    sampling = fields.pop("sampling_params", None)
+    if sampling is None or isinstance(sampling, dict):
+        sampling = SamplingParams(**(sampling or {}))
+        # normalize() encodes stop strings with the tokenizer: one character a token here
+        sampling.normalize(types.SimpleNamespace(encode=lambda text, add_special_tokens=False: list(text)))
+    base = dict(input_text=None, input_ids=array("q", [1, 2]), mm_inputs=None, input_embeds=None,
+                sampling_params=sampling, top_logprobs_num=0, return_logprob=False,
+                logprob_start_len=-1, lora_id=None, positional_embed_overrides=None, rid="r",
+                stream=False, token_ids_logprob=None)
     base.update(fields)
-    return types.SimpleNamespace(**base)
+    try:
+        return TokenizedGenerateReqInput(**base)
+    except TypeError:       # a shape the engine's struct would not take: a namespace carries it
+        return types.SimpleNamespace(**{**{f: None for f in ("session_id", "session_params",
+                                        "token_indices_to_pool", "multi_item_delimiter_indices")},
+                                        **base})
 
 
 @pytest.fixture(scope="module")
@@ -293,3 +323,368 @@ def test_the_guard_rejects_every_value_that_killed_stock_and_passes_what_stock_s
             field = guarded[(r["struct"], r["field"])]
             refused = input_guard.check_field(field, *kinds[(field.struct, field.name)], r["value"], VOCAB)
             assert (refused is not None) == ((r["struct"], r["field"], r["value"]) in REFUSED_THOUGH_SERVED), r
+
+
+# --- issue 41: every field the scheduler, the sampling batch and the model read -----------------
+
+@pytest.mark.parametrize("sampling, reason, text", [
+    # the sampling batch's top_ks is int32: 2^31 with temperature > 0 kills stock (T=0 sets top_k 1)
+    ({"temperature": 1.0, "top_k": 2**31}, "top_k", r"top_k = 2147483648 is out of range: the "
+     r"scheduler stores it in top_ks \(torch.int32\); this engine expects an integer in 1..2147483647"),
+    ({"temperature": 0.7, "top_k": 1.5}, "top_k", "is float, not an integer"),
+    ({"max_new_tokens": 1.5}, "max_new_tokens", "is float, not an integer"),     # Ollama num_predict
+    ({"max_new_tokens": 2, "min_new_tokens": 2.0}, "min_new_tokens", "not an integer"),
+    ({"temperature": 1e39}, "temperature", r"a finite number in \[0.0, 3.40282e\+38\] \(as float32\)"),
+    ({"top_p": 1e-50}, "top_p", r"\(0.0, 1\]"),                                  # 0 in float32
+    ({"repetition_penalty": 1e-50}, "repetition_penalty", r"\(0.0, 2\]"),
+    ({"temperature": 1.0, "top_k": 50, "logit_bias": {"5": 1e39}}, "logit_bias",
+     r"logit_bias\['5'\] = 1e\+39 is not a finite float32"),
+    ({"logit_bias": {"5": "x"}}, "logit_bias", "is not a finite float32"),
+    ({"stop": ["x" * 3000, "y" * 1500]}, "stop", r"sampling_params.stop has 4500 characters in 2 "
+     r"strings, over this line's limit of 4096 \(DSV41_INPUT_GUARD_MAX_STOP_CHARS\)"),
+    ({"stop_regex": "(?<=a)b"}, "stop_regex", r"uses a construct RE2 cannot run in linear time "
+     r"\(invalid perl operator: \(\?<=\)"),
+    ({"stop_regex": r"(a)\1"}, "stop_regex", "invalid escape sequence"),
+])
+def test_sampling_fields_are_checked_against_their_tensors_and_the_lines_bounds(
+        manager, sampling, reason, text):
+    with pytest.raises(ValueError, match=text):
+        _tokenize(manager, [5, 6, 7], sampling=dict({"max_new_tokens": 2}, **sampling))
+    assert _counts() == {"checked": 1, f"rejected:{reason}": 1}   # n: at the choke point too
+
+
+@pytest.mark.parametrize("sampling", [
+    {"temperature": 1.0, "top_k": 50, "top_p": 0.9, "min_p": 0.05},
+    {"temperature": 0.7, "top_k": 2**31 - 1}, {"temperature": 1.0, "top_k": -1},
+    {"temperature": 1.0, "logit_bias": {"5": 100.0, "6": -1e30}}, {"n": 1},
+    {"stop": ["\n\n", "User:"]}, {"stop_regex": r"(.+)+\x00"},         # RE2 runs it in linear time
+    {"repetition_penalty": 1.1, "frequency_penalty": -2, "presence_penalty": 2},
+    {"max_new_tokens": 0}, {"max_new_tokens": None},
+])
+def test_ordinary_sampling_passes_unchanged(manager, sampling):
+    out = _tokenize(manager, [5, 6, 7], sampling=dict({"max_new_tokens": 2}, **sampling))
+    assert _counts() == {"checked": 1}
+    if "top_k" in sampling and sampling["top_k"] > 0:
+        assert out.sampling_params.top_k == sampling["top_k"]
+
+
+@pytest.mark.parametrize("extra, reason, text", [
+    ({"session_params": {"id": [1]}}, "sessions", "sessions are off on this line"),
+    ({"session_params": {"id": "abc", "offset": 3}}, "sessions", "request with session_params"),
+    # prefill-only with a pooling index past the prompt: the logits processor indexes its rows
+    ({"token_indices_to_pool": [0, 5], "sampling": {"max_new_tokens": 0}}, "token_indices_to_pool",
+     r"token_indices_to_pool contains 5, which is not a position of this request's prompt: valid "
+     r"positions are 0..2 \(3 prompt tokens\)"),
+    ({"multi_item_delimiter_indices": [-1]}, "multi_item_delimiter_indices", "contains -1"),
+    ({"return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": VOCAB,
+      "input_ids": list(range(5, 5 + 980))}, "logprob_entries",
+     r"asks for 1,003,520 prompt log-prob entries \(\(top_logprobs_num 1024 \+ 0 token_ids_logprob\) "
+     r"x 980 prompt positions from logprob_start_len 0\), over this line's limit of 1,000,000 "
+     r"\(DSV41_INPUT_GUARD_MAX_LOGPROB_ENTRIES\)"),
+])
+def test_sessions_index_fields_and_logprob_cost_are_refused(manager, extra, reason, text):
+    ids = extra.pop("input_ids", [5, 6, 7])
+    with pytest.raises(ValueError, match=text):
+        _tokenize(manager, ids, **extra)
+    assert _counts() == {"checked": 1, f"rejected:{reason}": 1}
+
+
+def test_a_huge_n_is_refused_before_the_engine_expands_the_request(manager):
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    obj = GenerateReqInput(input_ids=[5, 6], sampling_params={"n": 10**9, "max_new_tokens": 2})
+    began = time.perf_counter()
+    with pytest.raises(ValueError, match=r"n = 1000000000 is over this line's limit of 128"):
+        manager.generate_request(obj)           # refused on the way in: nothing expanded
+    assert time.perf_counter() - began < 0.5 and _counts() == {"rejected:n": 1}
+    assert obj.rid is None                      # the engine's normalisation never ran
+
+
+def test_n_is_checked_at_the_choke_point_too(kinds):
+    bad = input_guard.check(_req(sampling_params={"n": 129}), VOCAB, kinds, re2=input_guard.re2_module())
+    assert bad == ("n", "sampling_params.n = 129 is over this line's limit of 128 parallel samples "
+                        "per request (DSV41_INPUT_GUARD_MAX_N)")
+
+
+def test_sessions_cannot_be_opened_or_closed(manager):
+    from sglang.srt.managers.io_struct import CloseSessionReqInput, OpenSessionReqInput
+
+    with pytest.raises(ValueError, match="sessions are off on this line .* /open_session"):
+        asyncio.run(manager.open_session(OpenSessionReqInput(capacity_of_str_len=100)))
+    with pytest.raises(ValueError, match="/close_session is refused"):
+        asyncio.run(manager.close_session(CloseSessionReqInput(session_id="another-clients")))
+
+
+def test_the_scheduler_searches_stop_regex_on_re2_in_linear_time(install_adapters):
+    install_adapters(KEYS)
+    from sglang.srt.managers import schedule_batch
+
+    assert isinstance(schedule_batch.re, input_guard.Re2Search)
+    text = "a" * 200_000                 # Python's re backtracks exponentially on this pattern
+    began = time.perf_counter()
+    assert schedule_batch.re.search(r"(.+)+\x00", text) is None
+    assert time.perf_counter() - began < 0.5
+    assert schedule_batch.re.search(r"b+c", "aabbbc").group(0) == "bbbc"
+    with pytest.raises(schedule_batch.re.error):            # the engine's own handler finishes it
+        schedule_batch.re.search("(?<=a)b", "ab")
+
+
+def test_without_re2_stop_regex_is_refused(kinds):
+    bad = input_guard.check(_req(sampling_params={"stop_regex": "x"}), VOCAB, kinds, re2=None)
+    assert bad == ("stop_regex", "stop_regex is refused on this line: its linear-time regex engine "
+                                 "(RE2, the google-re2 package) is not installed")
+
+
+def test_the_rid_must_be_a_string(kinds):
+    bad = input_guard.check(_req(rid=5), VOCAB, kinds, re2=input_guard.re2_module())
+    assert bad[0] == "rid" and "not a string" in bad[1]
+
+
+# --- rids are exact: the engine's Scheduler.abort_request, installed ------------------------------
+
+class _Req:
+    def __init__(self, rid):
+        self.rid = rid
+        self.finished_reason = None
+        self.to_finish = None
+        self.weight_version_events = []
+        self.output_ids = []
+        self.kv = types.SimpleNamespace(holds_mamba=False, holds_kv=False)
+
+    def finished(self):
+        return self.finished_reason is not None
+
+
+def _scheduler(waiting, running):
+    """The engine's Scheduler class with only what abort_request reads: constructing a real one
+    loads a model onto a device and joins process groups (a server boot: tests/e2e), so the
+    instance is made with __new__ and the engine's own abort_request runs on it."""
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+    from sglang.srt.managers.scheduler import Scheduler
+
+    sched = Scheduler.__new__(Scheduler)
+    sched.chunked_req = None
+    sched.mm_receiver = None
+    sched.dllm_config = None
+    sched.disaggregation_mode = DisaggregationMode.NULL
+    sched.waiting_queue = list(waiting)
+    sched.grammar_manager = types.SimpleNamespace(grammar_queue=[], abort_requests=lambda r: None)
+    sched.collect_inflight_reqs = lambda: set(running)
+    sched.aborted = []
+    sched._release_aborted_request = lambda req: None
+    sched.beam_coordinator = types.SimpleNamespace(retire_group=lambda req: None)
+    sched.send_abort_output = lambda out, req: sched.aborted.append(req.rid)
+    return sched
+
+
+@pytest.mark.parametrize("keys, a_aborted", [({}, True), (KEYS, False)])
+def test_an_abort_takes_exactly_its_rid(install_adapters, keys, a_aborted):
+    """Client A runs "job-7-long", client B's "job-7" is dropped: stock's prefix match takes A."""
+    install_adapters(keys)
+    from sglang.srt.managers.io_struct import AbortReq
+
+    a, b, queued_a, queued_b = _Req("job-7-long"), _Req("job-7"), _Req("job-7-x"), _Req("job-7")
+    sched = _scheduler([queued_a, queued_b], [a, b])
+    from sglang.srt import runtime_context as rc
+    from sglang.srt.server_args import ServerArgs
+
+    with rc.use_context(rc.create_context(ServerArgs(model_path="dummy"), role="scheduler")):
+        sched.abort_request(AbortReq(rid="job-7"))
+    assert (a.to_finish is not None) == a_aborted and b.to_finish is not None
+    assert sched.aborted == (["job-7", "job-7-x"] if a_aborted else ["job-7"])     # reversed pops
+    assert [r.rid for r in sched.waiting_queue] == ([] if a_aborted else ["job-7-x"])
+    assert a.rid == "job-7-long" and queued_a.rid == "job-7-x"      # rids restored
+
+
+def test_a_second_request_with_an_rid_in_flight_gets_a_400_naming_it(manager):
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    first = GenerateReqInput(input_ids=[5, 6], rid="job-7", sampling_params={"max_new_tokens": 2})
+    first.normalize_batch_and_arguments()
+    manager._init_req_state(first)
+    second = GenerateReqInput(input_ids=[5, 6], rid="job-7", sampling_params={"max_new_tokens": 2})
+    second.normalize_batch_and_arguments()
+    with pytest.raises(ValueError, match="Duplicate request ID detected: job-7"):    # the engine's
+        manager._init_req_state(second)
+
+
+# --- a grammar step is time-bounded per request (the engine's XGrammarGrammar, installed) --------
+
+class _SlowMatcher:
+    """Stands for xgrammar's GrammarMatcher (a compiled grammar needs the model's tokenizer info
+    and xgrammar's compiler; the cost under test is the time its calls take): each call sleeps."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+        self.calls = 0
+
+    def is_terminated(self):
+        return False
+
+    def accept_token(self, token):
+        self.calls += 1
+        time.sleep(self.seconds)
+        return True
+
+    def fill_next_token_bitmask(self, mask, idx):
+        self.calls += 1
+        time.sleep(self.seconds)
+
+
+def test_a_grammar_step_over_the_bound_finishes_only_its_request(install_adapters):
+    install_adapters({**KEYS, "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS": "20"})
+    from sglang.srt.constrained.xgrammar_backend import XGrammarGrammar
+
+    fast = XGrammarGrammar(_SlowMatcher(0.0), VOCAB, None, None)
+    slow = XGrammarGrammar(_SlowMatcher(0.05), VOCAB, None, None)
+    mask = np.zeros((2, VOCAB // 32), np.int32)
+    fast.fill_vocab_mask(mask, 0)
+    fast.accept_token(5)
+    slow.fill_vocab_mask(mask, 1)                           # over 20 ms: marked
+    with pytest.raises(ValueError, match=r"grammar took \d+ ms in one decode step "
+                                         r"\(fill_vocab_mask\), over this line's limit of 20 ms "
+                                         r"\(DSV41_INPUT_GUARD_GRAMMAR_STEP_MS\)"):
+        slow.accept_token(5)                                # the engine finishes that request
+    calls = slow.matcher.calls
+    slow.fill_vocab_mask(mask, 1)                           # no more grammar work for it
+    assert slow.matcher.calls == calls
+    fast.accept_token(6)                                    # the other request goes on
+    assert fast.accepted_tokens == [5, 6]
+
+
+# --- every route of the engine's HTTP app: the request routes pass the one check ------------------
+
+CHAT = [{"role": "user", "content": "hi"}]
+# A valid body per request route the dense CPU model serves (the embedding, scoring-decision,
+# transcription and responses routes: see ROUTE_NOT_DRIVEN).
+ROUTE_BODIES = {
+    "/generate": {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}},
+    "/v1/completions": {"model": "m", "prompt": "hello", "max_tokens": 4},
+    "/v1/chat/completions": {"model": "m", "messages": CHAT, "max_tokens": 4},
+    "/invocations": {"model": "m", "messages": CHAT, "max_tokens": 4},
+    "/v1/messages": {"model": "m", "max_tokens": 4, "messages": CHAT},
+    "/api/generate": {"model": "m", "prompt": "hi", "stream": False},
+    "/api/chat": {"model": "m", "messages": CHAT, "stream": False},
+    "/vertex_generate": {"instances": [{"text": "hello"}],
+                         "parameters": {"sampling_params": {"max_new_tokens": 4}}},
+    "/v1/score": {"query": "a", "items": ["b"], "label_token_ids": [5, 6]},
+}
+# The same routes with sampling on and top_k past the sampling batch's int32 (stock dies).
+SAMPLING_BAD = {
+    "/generate": {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4, "temperature": 1.0,
+                                                                "top_k": 2**31}},
+    "/v1/completions": {"model": "m", "prompt": "hello", "max_tokens": 4, "temperature": 1.0,
+                        "top_k": 2**31},
+    "/v1/chat/completions": {"model": "m", "messages": CHAT, "max_tokens": 4, "temperature": 1.0,
+                             "top_k": 2**31},
+    "/invocations": {"model": "m", "messages": CHAT, "max_tokens": 4, "temperature": 1.0,
+                     "top_k": 2**31},
+    "/v1/messages": {"model": "m", "max_tokens": 4, "messages": CHAT, "temperature": 1.0,
+                     "top_k": 2**31},
+    "/api/generate": {"model": "m", "prompt": "hi", "stream": False,
+                      "options": {"temperature": 1.0, "top_k": 2**31}},
+    "/api/chat": {"model": "m", "messages": CHAT, "stream": False,
+                  "options": {"num_predict": 1.5}},       # a float where the engine expects an int
+    "/vertex_generate": {"instances": [{"text": "hello"}], "parameters": {"sampling_params": {
+        "max_new_tokens": 4, "temperature": 1.0, "top_k": 2**31}}},
+}
+ROUTE_NOT_DRIVEN = {
+    "/encode": "embedding models only (--is-embedding)", "/classify": "embedding models only",
+    "/v1/embeddings": "embedding models only", "/v1/classify": "embedding models only",
+    "/v1/rerank": "embedding / cross-encoder models only",
+    "/v1/decisions": "schema-decision checkpoints only", "/v1/systemone": "schema-decision checkpoints only",
+    "/v1/audio/transcriptions": "speech models only", "/v1/realtime": "speech models only (websocket)",
+    "/v1/responses": "its handler needs the harmony vocabulary (a download): not set up on CPU",
+    "/health": "the engine's own fixed probe", "/health_generate": "the engine's own fixed probe",
+}
+
+
+class _Dispatched(Exception):
+    status_code = 599      # the routes that catch it answer with it: recognisably ours
+
+
+@pytest.fixture
+def app_client(install_adapters, dense_model):
+    """The engine's HTTP app with its lifespan run (its serving handlers built) over the engine's
+    real TokenizerManager with the guard installed; what would go to the scheduler is recorded at
+    `_dispatch_to_scheduler` and the request stopped there."""
+    status = install_adapters(KEYS)
+    assert status["input_guard"].status == "installed", status["input_guard"]
+    from sglang.srt import runtime_context as rc
+    from sglang.srt.entrypoints import http_server as hs
+    from sglang.srt.parser.template_manager import TemplateManager
+    from starlette.testclient import TestClient
+
+    args, build = _real_manager(dense_model)
+    receipts.forget("input_guard")
+    sent = []
+    with rc.use_context(rc.create_context(args, role="tokenizer")):
+        tm = build()
+        tm.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+        def dispatch(obj):
+            sent.append(obj)
+            raise _Dispatched("dispatched")
+
+        tm._dispatch_to_scheduler = dispatch
+        templates = TemplateManager()
+        templates.initialize_templates(tokenizer_manager=tm, model_path=str(dense_model),
+                                       chat_template=None, completion_template=None)
+        saved = hs.get_global_state()
+        hs.set_global_state(hs._GlobalState(tokenizer_manager=tm, template_manager=templates,
+                                            scheduler_info={}))
+        hs.app.is_single_tokenizer_mode = True
+        hs.app.server_args = args
+        hs.app.warmup_thread_kwargs = dict(server_args=args, execute_warmup_func=lambda a: False)
+        middleware = list(hs.app.user_middleware)
+        hs.app.middleware_stack = None
+        try:
+            with TestClient(hs.app, raise_server_exceptions=False) as client:
+                yield client, sent
+        finally:
+            hs.set_global_state(saved)
+            hs.app.user_middleware[:] = middleware      # what the lifespan added (metrics off: none)
+            hs.app.middleware_stack = None              # built again by the next test's app
+    receipts.forget("input_guard")
+
+
+def test_every_route_of_the_app_is_classified():
+    from adapter import admin_guard
+    from sglang.srt.entrypoints.http_server import app
+
+    admin = {r.path for r in admin_guard.admin_routes(app)}
+    served = {e.path for e in admin_guard.route_entries(app)}
+    assert "/scale_elastic_ep" in admin           # an included router's: walked
+    unclassified = served - admin - set(input_guard.ROUTES)
+    assert not unclassified, f"classify these routes in input_guard.ROUTES: {sorted(unclassified)}"
+    requests = {p for p, kind in input_guard.ROUTES.items() if kind.startswith("request")}
+    assert requests == set(ROUTE_BODIES) | set(ROUTE_NOT_DRIVEN)
+    assert not requests & admin and requests <= served
+
+
+def test_every_request_route_reaches_the_scheduler_only_through_the_check(app_client):
+    client, sent = app_client
+    for path, body in ROUTE_BODIES.items():
+        before, checked = len(sent), receipts.counters["input_guard"]["checked"]
+        resp = client.post(path, json=body)
+        assert len(sent) == before + 1, (path, resp.status_code, resp.text[:300])
+        assert receipts.counters["input_guard"]["checked"] == checked + 1, path
+        assert type(sent[-1]).__name__ == "TokenizedGenerateReqInput", path
+    for path, body in SAMPLING_BAD.items():
+        before = len(sent)
+        resp = client.post(path, json=body)
+        assert resp.status_code == 400, (path, resp.status_code, resp.text[:300])
+        assert len(sent) == before, path                        # nothing reached the scheduler
+    rejected = {k: v for k, v in receipts.counters["input_guard"].items() if k.startswith("rejected")}
+    assert rejected == {"rejected:top_k": len(SAMPLING_BAD) - 1, "rejected:max_new_tokens": 1}
+
+
+def test_session_routes_are_refused_through_the_app(app_client):
+    client, sent = app_client
+    resp = client.post("/open_session", json={"capacity_of_str_len": 100})
+    assert resp.status_code == 400 and "sessions are off on this line" in resp.text
+    resp = client.post("/close_session", json={"session_id": "another-clients"})
+    assert resp.status_code == 400 and "/close_session is refused" in resp.text
+    resp = client.post("/generate", json={"input_ids": [5, 6], "session_params": {"id": [1]}})
+    assert resp.status_code == 400 and "sessions are off" in resp.text
+    assert sent == []

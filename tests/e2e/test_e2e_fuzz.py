@@ -1,9 +1,11 @@
-"""Fuzzing the request routes (issue 30): schemathesis against the production line, stock reported.
+"""Fuzzing the request routes (issues 30, 41): schemathesis against the production line, stock reported.
 
 One boot of the production line (the dense model, the suite's production configuration:
 tests/e2e/e2e_configs.py PROD_KEYS / PROD_ARGS, --enable-metrics). schemathesis reads the server's
-own /openapi.json and generates request bodies for the request routes (ROUTES) that fit each
-route's schema, through its Hypothesis strategies: the fuzzing phase only, with a fixed seed (its
+own /openapi.json and generates request bodies for every request route and the session routes
+(ROUTES) that fit each route's schema, biased to the sampling path (temperature > 0 with top-k,
+top-p and min-p, where the route takes them; issue 41), while a second client streams plain
+requests beside the fuzz (each must get all its tokens), through its Hypothesis strategies: the fuzzing phase only, with a fixed seed (its
 examples and coverage phases spend minutes generating for the engine's request schemas before they
 send anything; its negative mode up to a minute per body). Each body is sent on its own, one after the
 other, to 127.0.0.1 only, with a time limit per request, until FUZZ_S seconds or MAX_REQUESTS
@@ -52,7 +54,15 @@ from e2e.e2e_configs import CTRL_ARGS, PROD_ARGS, PROD_KEYS
 
 MODEL = "dense"
 ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/score",
-          "/encode", "/classify")
+          "/encode", "/classify",
+          # issue 41: every request route (input_guard.ROUTES) and the session routes
+          "/vertex_generate", "/invocations", "/api/generate", "/api/chat", "/v1/embeddings",
+          "/v1/classify", "/v1/rerank", "/open_session", "/close_session")
+# Sampling-biased bodies (issue 41): the engine's sampling path runs only at temperature > 0, so
+# every body that takes sampling fields gets temperature > 0 with top-k, top-p and min-p drawn
+# (ordinary values and each tensor's edges), where that route takes them.
+TOP_K_EDGES = (-1, 0, 2**31 - 1, 2**31, 2**40)
+BESIDE_TOKENS = 48          # the plain stream beside the fuzz: each must get all its tokens
 SEED = 20261230
 FUZZ_S = 150.0              # the production fuzz loop (generation + requests)
 MAX_REQUESTS = 1500         # and at most this many requests
@@ -187,6 +197,43 @@ class Boot:
         return out
 
 
+def sampling_strategy():
+    return st.fixed_dictionaries({
+        "temperature": st.floats(0.05, 2.0),
+        "top_k": st.one_of(st.integers(1, 2048), st.sampled_from(TOP_K_EDGES)),
+        "top_p": st.floats(0.01, 1.0), "min_p": st.floats(0.0, 1.0)})
+
+
+def with_sampling(case, sampling: dict):
+    """The case with the sampling fields put where its route takes them (a JSON object body)."""
+    body = case.body
+    if not isinstance(body, dict):
+        return case
+    body = json.loads(json.dumps(body))
+    path = case.formatted_path
+    if path == "/generate":
+        sp = body.get("sampling_params")
+        body["sampling_params"] = {**(sp if isinstance(sp, dict) else {}), **sampling}
+    elif path in ("/v1/completions", "/v1/chat/completions", "/invocations"):
+        body.update(sampling)
+    elif path == "/v1/messages":
+        body.update({k: v for k, v in sampling.items() if k != "min_p"})
+    elif path in ("/api/generate", "/api/chat"):
+        opts = body.get("options")
+        body["options"] = {**(opts if isinstance(opts, dict) else {}),
+                           **{k: v for k, v in sampling.items() if k != "min_p"}}
+    elif path == "/vertex_generate":
+        params = body.get("parameters")
+        params = params if isinstance(params, dict) else {}
+        sp = params.get("sampling_params")
+        body["parameters"] = {**params, "sampling_params": {**(sp if isinstance(sp, dict) else {}),
+                                                            **sampling}}
+    else:
+        return case
+    case.body = body
+    return case
+
+
 def fuzz_strategy(openapi: dict):
     """One strategy per route (each route drawn as often), bodies that fit the route's schema:
     schemathesis's negative mode spends up to a minute generating one body for these schemas,
@@ -195,7 +242,8 @@ def fuzz_strategy(openapi: dict):
     found = {op.ok().path: op.ok() for op in schema.include(path=list(ROUTES), method="POST")
              .get_all_operations()}
     assert sorted(found) == sorted(ROUTES), sorted(found)   # every route is in the server's schema
-    return st.one_of(*[found[r].as_strategy(GenerationMode.POSITIVE) for r in ROUTES])
+    cases = st.one_of(*[found[r].as_strategy(GenerationMode.POSITIVE) for r in ROUTES])
+    return st.tuples(cases, sampling_strategy()).map(lambda pair: with_sampling(*pair))
 
 
 class _Stop(Exception):
@@ -273,6 +321,49 @@ def replay_on_stock(bodies: list[tuple], tmp: pathlib.Path) -> dict:
     return out
 
 
+class Beside:
+    """A second client streaming plain greedy requests back to back while the fuzz runs: each
+    must get all its tokens (a fuzz body must not kill, hang or cut another client's stream)."""
+
+    def __init__(self, server: CpuServer):
+        import threading
+
+        self.server = server
+        self.results: list = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fuzz-beside", daemon=True)
+
+    def start(self):
+        self._thread.start()
+
+    def _run(self):
+        seed = 0
+        while not self._stop.is_set():
+            seed += 1
+            body = {"input_ids": traffic.token_ids(900 + seed, 24), "stream": True,
+                    "sampling_params": {"temperature": 0.0, "max_new_tokens": BESIDE_TOKENS,
+                                        "ignore_eos": True}}
+            try:
+                got, last = 0, None
+                with requests.post(self.server.url + "/generate", json=body, stream=True,
+                                   timeout=(10, 120)) as resp:
+                    for raw in resp.iter_lines():
+                        if raw.startswith(b"data:") and raw[5:].strip() != b"[DONE]":
+                            last = json.loads(raw[5:])
+                    got = (last.get("meta_info", {}).get("completion_tokens", 0)
+                           if isinstance(last, dict) else 0)
+                    self.results.append((resp.status_code, got))
+            except (requests.RequestException, ValueError) as exc:
+                self.results.append((f"no answer ({type(exc).__name__})", 0))
+                if self._stop.wait(1.0):
+                    return
+
+    def stop(self) -> list:
+        self._stop.set()
+        self._thread.join(timeout=180)
+        return self.results
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fuzz")
@@ -283,7 +374,12 @@ def runs(tmp_path_factory):
         openapi = requests.get(prod.server.url + "/openapi.json", timeout=60).json()
         out["before"] = prod.probes()
         began = time.monotonic()
-        out["sent"], out["death"] = fuzz(prod, fuzz_strategy(openapi))
+        beside = Beside(prod.server)
+        beside.start()
+        try:
+            out["sent"], out["death"] = fuzz(prod, fuzz_strategy(openapi))
+        finally:
+            out["beside"] = beside.stop()
         out["fuzz_s"] = time.monotonic() - began
         out["dead"] = prod.dead()
         out["healthy"] = not out["dead"] and prod.healthy()
@@ -322,6 +418,9 @@ def _report(runs) -> list[str]:
         lines.append(f"fuzz: stock replayed {len(stock['sent'])} distinct bodies of {len({s.key for s in sent})} "
                      f"on {stock['boots']} boots in {stock['seconds']:.0f} s; then POST {ADMIN} (no body): "
                      f"{admin}" + (f"; stock boot failed: {stock['boot_error']}" if stock["boot_error"] else ""))
+    lines.append(f"fuzz: the stream beside got all {BESIDE_TOKENS} tokens in "
+                 f"{sum(r == (200, BESIDE_TOKENS) for r in runs.get('beside', []))} of "
+                 f"{len(runs.get('beside', []))} streams")
     statuses = collections.Counter(str(s.status) + (" cut" if s.cut else "") for s in sent)
     lines.append(f"fuzz: production answers {dict(sorted(statuses.items()))} in {runs['fuzz_s']:.0f} s; "
                  f"bodies: {runs['tmp'] / 'bodies.json'}")
@@ -347,6 +446,8 @@ def test_production_survives_the_fuzz_stock_reported(runs, capsys):
     assert not runs["dead"], runs["dead"]
     assert runs["healthy"]
     assert {s.route for s in runs["sent"]} == set(ROUTES)
+    beside = runs["beside"]
+    assert beside and all(r == (200, BESIDE_TOKENS) for r in beside), beside
     cmp = traffic.compare(runs["before"], runs["after"])
     assert cmp.ok, cmp
     errors = [ln for ln in runs["sched_log"].splitlines() if any(p in ln for p in SCHED_ERRORS)]
