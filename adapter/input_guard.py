@@ -729,6 +729,31 @@ def install(ctx) -> str:
                      "request(s) whose rid starts with it untouched (logged once)", rid, len(hidden))
 
     budget_s = limits.grammar_step_ms / 1000.0
+    bound_state: dict = {}
+
+    def bound_acts() -> bool:
+        """The grammar step bound finishes a request on a local clock's reading, so it may act only
+        where one rank runs that request's grammar: every rank of an attention-TP / CP / PP group
+        runs it and would time it differently, and a request finished on one rank and not on its
+        peers splits their batches (no decision that all ranks make alike reads a clock). Decided
+        once per process, from the engine's published parallel layout."""
+        if "acts" not in bound_state:
+            reason = None
+            try:
+                from sglang.srt.runtime_context import get_parallel
+
+                parallel = get_parallel()
+                ranks = parallel.attn_tp_size * parallel.attn_cp_size * parallel.pp_size
+                if ranks != 1:
+                    reason = f"{ranks} ranks (attention TP x CP x PP) run each request's grammar"
+            except Exception as exc:  # noqa: BLE001 - an unknown layout: stay off, say why
+                reason = f"the parallel layout is unknown here ({type(exc).__name__})"
+            bound_state["acts"] = reason is None
+            if reason is not None:
+                ctx.fallback(f"grammar step bound off: {reason}; a request finished on one rank's "
+                             "clock would split the ranks' batches (grammar compilation stays "
+                             "bounded by the engine's grammar timeout)")
+        return bound_state["acts"]
 
     def over_budget(grammar, what: str, seconds: float) -> str:
         message = (f"dsv41 input_guard: this request's grammar took {seconds * 1000:.0f} ms in one "
@@ -740,6 +765,8 @@ def install(ctx) -> str:
         return message
 
     def accept_token(original, self, token):
+        if not bound_acts():
+            return original(self, token)
         message = getattr(self, "_dsv41_over_budget", None)
         if message is not None:
             raise ValueError(message)            # the engine finishes that request (FINISH_ABORT)
@@ -751,6 +778,8 @@ def install(ctx) -> str:
         return out
 
     def fill_vocab_mask(original, self, vocab_mask, idx):
+        if not bound_acts():
+            return original(self, vocab_mask, idx)
         if getattr(self, "_dsv41_over_budget", None) is not None:
             return None                          # no more grammar work: accept_token finishes it
         began = time.perf_counter()

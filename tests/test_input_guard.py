@@ -512,10 +512,12 @@ def test_a_second_request_with_an_rid_in_flight_gets_a_400_naming_it(manager):
 
 class _SlowMatcher:
     """Stands for xgrammar's GrammarMatcher (a compiled grammar needs the model's tokenizer info
-    and xgrammar's compiler; the cost under test is the time its calls take): each call sleeps."""
+    and xgrammar's compiler; the cost under test is the time its calls take): each call advances
+    the test's clock (`clock`, which the guard reads as time.perf_counter) by `seconds`."""
 
-    def __init__(self, seconds):
+    def __init__(self, seconds, clock):
         self.seconds = seconds
+        self.clock = clock
         self.calls = 0
 
     def is_terminated(self):
@@ -523,33 +525,62 @@ class _SlowMatcher:
 
     def accept_token(self, token):
         self.calls += 1
-        time.sleep(self.seconds)
+        self.clock["now"] += self.seconds
         return True
 
     def fill_next_token_bitmask(self, mask, idx):
         self.calls += 1
-        time.sleep(self.seconds)
+        self.clock["now"] += self.seconds
 
 
-def test_a_grammar_step_over_the_bound_finishes_only_its_request(install_adapters):
-    install_adapters({**KEYS, "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS": "20"})
+def _grammars(monkeypatch):
+    from adapter import input_guard
     from sglang.srt.constrained.xgrammar_backend import XGrammarGrammar
 
-    fast = XGrammarGrammar(_SlowMatcher(0.0), VOCAB, None, None)
-    slow = XGrammarGrammar(_SlowMatcher(0.05), VOCAB, None, None)
-    mask = np.zeros((2, VOCAB // 32), np.int32)
-    fast.fill_vocab_mask(mask, 0)
-    fast.accept_token(5)
-    slow.fill_vocab_mask(mask, 1)                           # over 20 ms: marked
-    with pytest.raises(ValueError, match=r"grammar took \d+ ms in one decode step "
-                                         r"\(fill_vocab_mask\), over this line's limit of 20 ms "
-                                         r"\(DSV41_INPUT_GUARD_GRAMMAR_STEP_MS\)"):
-        slow.accept_token(5)                                # the engine finishes that request
-    calls = slow.matcher.calls
-    slow.fill_vocab_mask(mask, 1)                           # no more grammar work for it
-    assert slow.matcher.calls == calls
-    fast.accept_token(6)                                    # the other request goes on
+    clock = {"now": 0.0}
+    monkeypatch.setattr(input_guard.time, "perf_counter", lambda: clock["now"])
+    fast = XGrammarGrammar(_SlowMatcher(0.0, clock), VOCAB, None, None)
+    slow = XGrammarGrammar(_SlowMatcher(0.05, clock), VOCAB, None, None)
+    return fast, slow, np.zeros((2, VOCAB // 32), np.int32)
+
+
+def test_a_grammar_step_over_the_bound_finishes_only_its_request(install_adapters, monkeypatch):
+    """One rank runs each request's grammar (attention TP x CP x PP = 1): a step over the bound
+    finishes that request; the other goes on."""
+    from sglang.srt.runtime_context import get_parallel
+
+    install_adapters({**KEYS, "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS": "20"})
+    fast, slow, mask = _grammars(monkeypatch)
+    with get_parallel().override(attn_tp_size=1, attn_cp_size=1, pp_size=1):
+        fast.fill_vocab_mask(mask, 0)
+        fast.accept_token(5)
+        slow.fill_vocab_mask(mask, 1)                           # 50 ms > 20 ms: marked
+        with pytest.raises(ValueError, match=r"grammar took 50 ms in one decode step "
+                                             r"\(fill_vocab_mask\), over this line's limit of 20 ms "
+                                             r"\(DSV41_INPUT_GUARD_GRAMMAR_STEP_MS\)"):
+            slow.accept_token(5)                                # the engine finishes that request
+        calls = slow.matcher.calls
+        slow.fill_vocab_mask(mask, 1)                           # no more grammar work for it
+        assert slow.matcher.calls == calls
+        fast.accept_token(6)                                    # the other request goes on
     assert fast.accepted_tokens == [5, 6]
+
+
+def test_the_grammar_step_bound_stays_off_where_several_ranks_run_the_grammar(install_adapters, monkeypatch,
+                                                                            caplog):
+    """TP 4 (the production line): each rank would time the step on its own clock and might
+    finish the request where its peers do not; the bound stays off, one fallback line says why."""
+    from sglang.srt.runtime_context import get_parallel
+
+    install_adapters({**KEYS, "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS": "20"})
+    fast, slow, mask = _grammars(monkeypatch)
+    with get_parallel().override(attn_tp_size=4, attn_cp_size=1, pp_size=1):
+        slow.fill_vocab_mask(mask, 1)
+        slow.accept_token(5)                                    # slow, and not finished
+        slow.accept_token(6)
+    assert slow.accepted_tokens == [5, 6]
+    assert ("input_guard fallback: grammar step bound off: 4 ranks (attention TP x CP x PP) run each "
+            "request's grammar") in caplog.text
 
 
 # --- every route of the engine's HTTP app: the request routes pass the one check ------------------
