@@ -165,7 +165,11 @@ HOOKS: tuple[Hook, ...] = (
         "sglang.srt.mem_cache.base_prefix_cache:MatchResult",
         "sglang.srt.layers.attention.attention_registry:_is_hip",
         "sglang.srt.layers.attention.attention_registry:_is_npu",
-        f"{_RC}:attention_backends")),
+        f"{_RC}:attention_backends",
+        # the engine's own SWA bounded replay in effect: cone declines (swa_cone.engine_replay)
+        f"{_RC}:get_exec",
+        "sglang.srt.arg_groups.fields.exec_:ExecFeatures.enable_decoder_swa_bounded_replay",
+        "sglang.srt.arg_groups.fields.exec_:ExecFeatures.enable_encoder_swa_bounded_replay")),
     Hook("swa_cone", _POLICY, "PrefillAdder.add_one_req", touches=(
         f"{_POLICY}:PrefillAdder.can_run_list", f"{_POLICY}:PrefillAdder.tree_cache",
         f"{_URC}:UnifiedRadixCache.lock", f"{_URC}:UnifiedRadixCache.unlock",
