@@ -76,7 +76,10 @@ HOOKS: tuple[Hook, ...] = (
         f"{_SB}:ScheduleBatch.reqs", f"{_SB}:ScheduleBatch.decoding_reqs",
         f"{_SB}:Req.seqlen", f"{_SB}:Req.rid",
         f"{_SCHED}:Scheduler.chunked_req", f"{_SCHED}:Scheduler.prefill_decode_interval",
-        f"{_SCHED}:Scheduler.prefill_decode_interval_min_bs")),
+        f"{_SCHED}:Scheduler.prefill_decode_interval_min_bs",
+        # the achieved-share measurement (logs and /metrics only): the engine's step timings
+        f"{_SCHED}:Scheduler._record_step_counters", f"{_SCHED}:Scheduler.total_prefill_busy_us",
+        f"{_SCHED}:Scheduler.decode_moment_totals", f"{_SCHED}:_accumulate_decode_moment")),
     Hook("decode_yield", _SCHED, "Scheduler._should_defer_prefill", touches=(
         f"{_SB}:ScheduleBatch.batch_size",)),
     Hook("decode_yield", _SCHED, "Scheduler._arm_prefill_decode_interval", touches=(
