@@ -379,23 +379,28 @@ def rank_agreement(run: ConfigRun) -> dict:
     return out
 
 
-ACHIEVED_RE = re.compile(r"achieved share (\d+\.\d+) \(configured (\d+\.\d+)\)")
+ACHIEVED_RE = re.compile(r"achieved share (\d+\.\d+) \(configured (\d+\.\d+)\) by the engine's "
+                         r"step timings: decode (\d+\.\d+) s over \d+ steps, prefill (\d+\.\d+) s")
 
 
 def yield_shares(run: ConfigRun) -> dict:
     """decode yield's achieved share by the engine's own step timings (the per-prompt lines of
-    the first scheduler: every rank logs the same decisions), its mean, and the configured share."""
+    the first scheduler: every rank logs the same decisions): over all the boot's yielded prompts,
+    decode time / (decode + prefill time) of their windows (a long prompt weighs by its time), each
+    prompt's own, and the configured share."""
     share = run.keys.get("DSV41_DECODE_YIELD")
     lines = run.dsv41_lines("decode_yield", "sglang::scheduler")
     ranks = _ranks(run)
     if ranks:
         lines = run.dsv41_lines("decode_yield", f"sglang::{ranks[0]}")
-    found = [float(m.group(1)) for m in (ACHIEVED_RE.search(ln) for ln in lines) if m]
+    found = [m for m in (ACHIEVED_RE.search(ln) for ln in lines) if m]
+    decode, prefill = (sum(float(m.group(k)) for m in found) for k in (3, 4))
     return {"configured_share": int(share) / 100 if share else None,
-            "achieved_share_engine": round(sum(found) / len(found), 4) if found else None,
-            "achieved_share_engine_per_prompt": found,
-            "not_measured": [ln.split("; ", 1)[1] for ln in lines
-                             if "achieved share not measured" in ln][:3]}
+            "achieved_share_engine": round(decode / (decode + prefill), 4) if found and decode + prefill > 0 else None,
+            "achieved_share_engine_per_prompt": [float(m.group(1)) for m in found],
+            "yield_window_s": {"decode": round(decode, 3), "prefill": round(prefill, 3)},
+            "not_measured": [ln.split("achieved share not measured ", 1)[1] for ln in lines
+                             if "achieved share not measured " in ln][:3]}
 
 
 def yield_line(model: str, eff: dict) -> Optional[str]:
@@ -404,8 +409,8 @@ def yield_line(model: str, eff: dict) -> Optional[str]:
         return None
     got = eff.get("achieved_share_engine")
     if got is None:
-        why = "; ".join(eff.get("not_measured") or []) or "no yielded prompt"
-        return f"decode_yield {model}: achieved share not measured ({why}) (configured {eff['configured_share']:.2f})"
+        why = "; ".join(eff.get("not_measured") or []) or "(no yielded prompt)"
+        return f"decode_yield {model}: achieved share not measured {why} (configured {eff['configured_share']:.2f})"
     return f"decode_yield {model}: achieved share {got:.2f} (configured {eff['configured_share']:.2f})"
 
 
