@@ -328,7 +328,8 @@ def run_config(model: str, keys: dict, args: dict, *,
             run.cadence = traffic.yield_cadence(server, prefill)
         if "calibration" in scenarios:
             say(f"{name or model}: calibration traffic")
-            run.extras["calibration_sent"] = traffic.calibration_run(server)
+            calibrate = traffic.dsv4_calibration_run if model == "dsv4" else traffic.calibration_run
+            run.extras["calibration_sent"] = calibrate(server)
         if "bad_input" in scenarios and key_registry.parse_env(keys).enabled("input_guard"):
             say(f"{name or model}: one request with a prompt id outside the vocabulary")
             run.bad_input = bad_input_probe(server)

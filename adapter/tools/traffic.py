@@ -341,19 +341,24 @@ def yield_cadence(server: CpuServer, prefill_tokens: int, streams: int = 2,
 CALIBRATION_PROMPTS = (24576, 22528)          # lone chunked prompts: chunk cost over prefix/length
 CALIBRATION_DECODE = ((1, 32), (2, 32), (4, 32), (2, 6144))   # (rows, prompt tokens) decode runs
 CALIBRATION_DECODE_TOKENS = 240               # per row: 6 decode log lines at the default interval 40
+# The tiny DeepSeek-V4 (8K context, 8192-token pool, 1024-token chunks: traffic.DSV4_CHUNK): lone
+# prompts of 6 and 5 chunks, the long-context decode rows at 1536 tokens.
+DSV4_CALIBRATION_PROMPTS = (6144, 5120)
+DSV4_CALIBRATION_DECODE = ((1, 32), (2, 32), (4, 32), (2, 1536))
 
 
-def calibration_run(server: CpuServer, seed: int = 900) -> dict:
+def calibration_run(server: CpuServer, seed: int = 900, prompts=CALIBRATION_PROMPTS,
+                    decode=CALIBRATION_DECODE) -> dict:
     """Traffic whose scheduler log lines `dsv41 calibrate yield` can fit: each long prompt alone
     (its chunks follow each other with no decode forward in between), then decode runs of 1, 2
     and 4 rows and 2 long-context rows, each alone. The radix cache is flushed before each part
     so that the decode lines' #token is the rows' own context. Returns what was sent."""
     sent = {"prompts": [], "decode": []}
-    for i, n in enumerate(CALIBRATION_PROMPTS):
+    for i, n in enumerate(prompts):
         server.flush_cache(wait_s=60)
         server.generate(token_ids(seed + i, n), max_new_tokens=1)
         sent["prompts"].append(n)
-    for j, (rows, prompt_tokens) in enumerate(CALIBRATION_DECODE):
+    for j, (rows, prompt_tokens) in enumerate(decode):
         server.flush_cache(wait_s=60)
         prompts = [token_ids(seed + 100 + 10 * j + r, prompt_tokens) for r in range(rows)]
         with cf.ThreadPoolExecutor(rows) as pool:
@@ -362,3 +367,8 @@ def calibration_run(server: CpuServer, seed: int = 900) -> dict:
         sent["decode"].append({"rows": rows, "prompt_tokens": prompt_tokens,
                                "new_tokens": CALIBRATION_DECODE_TOKENS})
     return sent
+
+
+def dsv4_calibration_run(server: CpuServer) -> dict:
+    """calibration_run sized for the tiny DeepSeek-V4 (DSV4_CALIBRATION_PROMPTS / _DECODE)."""
+    return calibration_run(server, prompts=DSV4_CALIBRATION_PROMPTS, decode=DSV4_CALIBRATION_DECODE)
