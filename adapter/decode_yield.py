@@ -152,13 +152,17 @@ def achieved_share(start: tuple, end: tuple, decode_steps: int):
     """(share, decode_us, prefill_us) the decode streams got between two engine_timing()
     snapshots in which `decode_steps` decode steps ran, or (None, reason): the decode time is the
     engine's mean timed decode step of the window times the steps that ran (the engine does not
-    time a decode step that follows a chunk), the prefill time the engine's prefill busy time."""
+    time a decode step that follows a chunk; a window with no timed step, one step per chunk as
+    at the stock interval, takes the mean of every step the engine timed so far), the prefill
+    time the engine's prefill busy time."""
     prefill_us = end[0] - start[0]
     timed, timed_us = end[1] - start[1], end[2] - start[2]
     if decode_steps <= 0:
         return None, "no decode step ran"
     if timed <= 0 or timed_us <= 0:
-        return None, "the engine timed no decode step (none followed another)"
+        timed, timed_us = end[1], end[2]
+    if timed <= 0 or timed_us <= 0:
+        return None, "the engine has timed no decode step yet (none followed another)"
     decode_us = timed_us / timed * decode_steps
     if decode_us + prefill_us <= 0:
         return None, "no time recorded"

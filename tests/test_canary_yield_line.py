@@ -8,7 +8,7 @@ LINE = ("[2026-12-06 15:20:01] [dsv41] decode_yield rid=ab left chunked prefill:
         "by the engine's step timings: decode {:.3f} s over 560 steps, prefill {:.3f} s")
 UNMEASURED = ("[2026-12-06 15:20:01] [dsv41] decode_yield rid=cd left chunked prefill: 1 chunks "
               "yielded, 1 decode steps planned, 1 run, 0 ended early; achieved share not measured "
-              "(the engine timed no decode step (none followed another))")
+              "(the engine has timed no decode step yet (none followed another))")
 
 
 def _run(lines, share="33", role="sglang::scheduler pid 12"):
@@ -31,8 +31,8 @@ def test_line_says_why_a_share_was_not_measured():
     eff = canary.yield_shares(_run([UNMEASURED]))
     assert eff["achieved_share_engine"] is None
     line = canary.yield_line("dsv4", eff)
-    assert line.startswith("decode_yield dsv4: achieved share not measured (the engine timed no "
-                           "decode step (none followed another))")
+    assert line.startswith("decode_yield dsv4: achieved share not measured (the engine has timed "
+                           "no decode step yet (none followed another))")
     assert line.endswith("(configured 0.33)")
 
 

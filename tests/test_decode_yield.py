@@ -502,7 +502,11 @@ def test_achieved_share_function():
     assert (decode_us, prefill_us) == (300_000.0, 2_000_000)
     assert share == pytest.approx(300_000 / 2_300_000)
     assert dy.achieved_share((0, 0, 0.0), (10, 0, 0.0), 1) == (
-        None, "the engine timed no decode step (none followed another)")
+        None, "the engine has timed no decode step yet (none followed another)")
+    # one step per chunk (the stock interval): no step of the window is timed; the mean of the
+    # steps timed before it (40 steps, 400 ms) stands for them
+    share, decode_us, _ = dy.achieved_share((0, 40, 400_000.0), (990_000, 40, 400_000.0), 1)
+    assert decode_us == 10_000.0 and share == pytest.approx(0.01)
     assert dy.achieved_share((0, 0, 0.0), (10, 3, 9.0), 0) == (None, "no decode step ran")
 
 

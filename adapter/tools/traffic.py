@@ -202,9 +202,16 @@ DSV4_CONE_TOKENS = 512
 # tombstone: its last window, [256, 512), still holds SWA) and the session resumes in full.
 # Then the session + 40 tokens.
 DSV4_IDLE = dict(session_tokens=512, agents=0, new_prompts=1, new_tokens_each=3072)
-# Decode yield: one stream decoding while a 1030-token prompt prefills in chunks (1024 + 6 at
-# DSV4_CHUNK: one non-final chunk, one yield decision; 512 + 512 + 6 at 512: two).
-DSV4_YIELD_PROMPT = 1030
+# Decode yield: one stream decoding while a 2054-token prompt prefills in chunks. The stream's
+# 32-token prompt rides in the first pass with the prompt's first 768 tokens (one scheduler
+# message; the chunk page-aligned), so the stream is a decode row only from the end of that pass:
+# the second pass (1024) is the non-final chunk it yields to (one yield decision), then the final
+# 262. (Issue 43: at 1030
+# the only non-final chunk was the first pass, with no decode row yet: the yield never acted, and
+# the canary had no achieved share to show for dsv4.) DSV4_YIELD_STREAM tokens outlast a yield of
+# a fitted model on this machine (~50 steps after a 1024-token chunk).
+DSV4_YIELD_PROMPT = 2054
+DSV4_YIELD_STREAM = 96
 
 
 def dsv4_window_resume(server: CpuServer) -> dict:
@@ -219,7 +226,7 @@ def dsv4_idle_session_resume(server: CpuServer) -> dict:
 
 
 def decode_beside_chunked_prefill(server: CpuServer, prompt_tokens: int = DSV4_YIELD_PROMPT,
-                                  stream_tokens: int = 48, timeout: float = 600) -> dict:
+                                  stream_tokens: int = DSV4_YIELD_STREAM, timeout: float = 600) -> dict:
     """One greedy stream (32-token prompt, `stream_tokens` new tokens, logprobs) decodes while a
     `prompt_tokens` prompt (longer than one chunk) prefills in chunks with max_new_tokens 1.
 
