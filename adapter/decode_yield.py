@@ -64,6 +64,9 @@ COUNTERS = {
     "ended_early_chunked_req_gone": "yields ended because the chunked prompt left (abort, retract)",
     "ended_early_streams_finished": "yields ended because the decode rows finished",
     "lone_chunks": "non-final chunks with too few decode rows to yield to",
+    "achieved_share": "sum over measured yielded prompts of the share of time their decode "
+                      "streams got (the engine's step timings; measured, never a decision input)",
+    "share_measured": "yielded prompts whose achieved share was measured",
 }
 
 NAME = "decode_yield"
@@ -87,17 +90,20 @@ MODEL_KEY = "DSV41_DECODE_YIELD_MODEL"
 
 
 class CostModel(NamedTuple):
-    """The six integer constants, in the order of DSV41_DECODE_YIELD_MODEL's value."""
+    """The integer constants, in the order of DSV41_DECODE_YIELD_MODEL's value (six, or seven
+    with the squared-prefix term)."""
     chunk_fixed_us: int        # per extend forward
     chunk_token_ns: int        # per prompt token of the pass, nanoseconds
     chunk_pair_ps: int         # per (new token x visible token) pair, picoseconds
     step_fixed_us: int         # per decode forward
     step_row_us: int           # per decode row
     step_ctx_ps: int           # per context token of the decode rows, picoseconds
+    chunk_prefix_sq_ps: int = 0   # per squared prefix token of a request's extend, picoseconds
 
     def value(self) -> str:
-        """The key's value for this model (what `dsv41 calibrate yield` prints)."""
-        return ",".join(str(v) for v in self)
+        """The key's value for this model (what `dsv41 calibrate yield` prints): six integers, or
+        seven when the squared-prefix term is not 0."""
+        return ",".join(str(v) for v in (self if self.chunk_prefix_sq_ps else self[:6]))
 
 
 CLUSTER = CostModel(20_000, 65_000, 277, 60_000, 3_000, 52_000)
@@ -106,11 +112,18 @@ CLUSTER = CostModel(20_000, 65_000, 277, 60_000, 3_000, 52_000)
 
 
 def chunk_cost_us(extend_len: int, prefix_len: int, model: CostModel = CLUSTER) -> int:
-    """Modelled time of one request's extend of `extend_len` tokens after `prefix_len` cached."""
+    """Modelled time of one request's extend of `extend_len` tokens after `prefix_len` cached.
+
+    L·tok + L·(P + L/2)·pair + P²·sq. The pair term alone is a chunk whose attention reads what it
+    can see (c·L·(P + L/2), the cluster's kernels); with sq = pair / 2 the two quadratic terms make
+    (pair/2)·(P + L)², a backend whose chunk cost grows with the whole context squared (the CPU
+    server's torch_native / SDPA extend), since (P + L)² = 2·L·(P + L/2) + P². The fit
+    (`dsv41 calibrate yield`) picks the mix; the cluster constants keep sq = 0."""
     if extend_len <= 0:
         return 0
     pairs = extend_len * (prefix_len + extend_len // 2)
-    return extend_len * model.chunk_token_ns // 1000 + pairs * model.chunk_pair_ps // 1_000_000
+    return (extend_len * model.chunk_token_ns // 1000 + pairs * model.chunk_pair_ps // 1_000_000
+            + prefix_len * prefix_len * model.chunk_prefix_sq_ps // 1_000_000)
 
 
 def pass_cost_us(extend_lens, prefix_lens, model: CostModel = CLUSTER) -> int:
@@ -123,6 +136,37 @@ def step_cost_us(rows: int, context_tokens: int, model: CostModel = CLUSTER) -> 
     """Modelled time of one decode step of `rows` rows holding `context_tokens` tokens in all."""
     return (model.step_fixed_us + rows * model.step_row_us
             + context_tokens * model.step_ctx_ps // 1_000_000)
+
+
+def engine_timing(scheduler) -> tuple:
+    """The engine's own step timings so far (`Scheduler._record_step_counters`): (prefill busy
+    microseconds, decode steps timed, their microseconds). A decode step is timed launch to
+    launch and only after another decode step (so the first decode step after a chunk is not);
+    a prefill step launch to result. Read for the achieved-share measurement only, never for a
+    decision."""
+    totals = scheduler.decode_moment_totals
+    return (int(scheduler.total_prefill_busy_us), int(totals[0]), float(totals[2]))
+
+
+def achieved_share(start: tuple, end: tuple, decode_steps: int):
+    """(share, decode_us, prefill_us) the decode streams got between two engine_timing()
+    snapshots in which `decode_steps` decode steps ran, or (None, reason): the decode time is the
+    engine's mean timed decode step of the window times the steps that ran (the engine does not
+    time a decode step that follows a chunk; a window with no timed step, one step per chunk as
+    at the stock interval, takes the mean of every step the engine timed so far), the prefill
+    time the engine's prefill busy time."""
+    prefill_us = end[0] - start[0]
+    timed, timed_us = end[1] - start[1], end[2] - start[2]
+    if decode_steps <= 0:
+        return None, "no decode step ran"
+    if timed <= 0 or timed_us <= 0:
+        timed, timed_us = end[1], end[2]
+    if timed <= 0 or timed_us <= 0:
+        return None, "the engine has timed no decode step yet (none followed another)"
+    decode_us = timed_us / timed * decode_steps
+    if decode_us + prefill_us <= 0:
+        return None, "no time recorded"
+    return decode_us / (decode_us + prefill_us), decode_us, prefill_us
 
 
 def yield_steps(pct: int, pass_us: int, step_us: int, interval: int) -> int:
@@ -139,7 +183,7 @@ _STATE = "_dsv41_decode_yield"
 
 
 class _State:
-    __slots__ = ("cand_req", "cand_cost", "req", "left", "log")
+    __slots__ = ("cand_req", "cand_cost", "req", "left", "log", "timing")
 
     def __init__(self):
         self.cand_req = None      # chunked request of the pass the engine just armed for
@@ -147,6 +191,7 @@ class _State:
         self.req = None           # armed: the chunked request whose next chunk waits
         self.left = 0             # armed: decode steps still owed before that chunk
         self.log = None           # per-prompt receipt: [req, chunks, planned, run, early_ends]
+        self.timing = None        # engine_timing() when that prompt's first yield was armed
 
 
 def _state(scheduler) -> _State:
@@ -165,13 +210,30 @@ def decisions(scheduler) -> dict:
             "rid": getattr(st.req, "rid", None)}
 
 
-def _flush_log(st: _State) -> None:
+def _flush_log(st: _State, scheduler=None, pct: int = 0, counters=None) -> None:
     if st.log is None:
         return
     req, chunks, planned, run, early = st.log
-    st.log = None
+    start, st.log, st.timing = st.timing, None, None
+    measured = "achieved share not measured (no engine step timings)"
+    if start is not None and scheduler is not None:
+        try:
+            result = achieved_share(start, engine_timing(scheduler), run)
+        except Exception as exc:  # noqa: BLE001 - a measurement only: the line says so
+            result = (None, f"engine step timings unreadable ({type(exc).__name__})")
+        if result[0] is None:
+            measured = f"achieved share not measured ({result[1]})"
+        else:
+            share, decode_us, prefill_us = result
+            measured = (f"achieved share {share:.2f} (configured {pct / 100:.2f}) by the engine's "
+                        f"step timings: decode {decode_us / 1e6:.3f} s over {run} steps, prefill "
+                        f"{prefill_us / 1e6:.3f} s")
+            if counters is not None:
+                counters["achieved_share"] += round(share, 4)
+                counters["share_measured"] += 1
     receipts.line(NAME, "rid=%s left chunked prefill: %d chunks yielded, %d decode steps "
-                  "planned, %d run, %d ended early", req.rid, chunks, planned, run, early)
+                  "planned, %d run, %d ended early; %s", req.rid, chunks, planned, run, early,
+                  measured)
 
 
 def _unsupported(scheduler) -> str | None:
@@ -203,6 +265,7 @@ def install(ctx) -> str:
         st = scheduler.__dict__.get(_STATE)
         if st is not None:
             st.cand_req, st.cand_cost, st.req, st.left, st.log = None, 0, None, 0, None
+            st.timing = None
 
     def arm_prefill_decode_interval(original, self, batch, *args, **kwargs):
         out = original(self, batch, *args, **kwargs)
@@ -216,7 +279,8 @@ def install(ctx) -> str:
         chunked = self.chunked_req
         st = self.__dict__.get(_STATE)
         if st is not None and st.log is not None and st.log[0] is not chunked:
-            _flush_log(st)   # the prompt that yielded left chunked prefill (last chunk, abort)
+            # the prompt that yielded left chunked prefill (last chunk, abort)
+            _flush_log(st, self, pct, counters)
         if (chunked is None or batch is None or chunked not in batch.reqs
                 or not batch.forward_mode.is_extend()):
             return
@@ -255,8 +319,12 @@ def install(ctx) -> str:
         steps = yield_steps(pct, cost, step, self.prefill_decode_interval)
         st.req, st.left = req, steps
         if st.log is None or st.log[0] is not req:
-            _flush_log(st)
+            _flush_log(st, self, pct, counters)
             st.log = [req, 0, 0, 0, 0]
+            try:
+                st.timing = engine_timing(self)    # measurement only (the line, /metrics)
+            except Exception:  # noqa: BLE001 - no timings: the line says "not measured"
+                st.timing = None
         st.log[1] += 1
         st.log[2] += steps
         counters["chunks_yielded"] += 1

@@ -31,6 +31,7 @@ class Key:
     enables: bool = False     # setting this key (to non-zero) turns its adapter on
     test_only: bool = False   # on no profile line but a test line (`dsv41 check` refuses it)
     fields: tuple = ()        # "ints": ((name, lo, hi), ...) in value order
+    min_fields: Optional[int] = None   # "ints": fewer values accepted, the rest 0 (default: all)
 
 
 KEYS: tuple[Key, ...] = (
@@ -48,9 +49,10 @@ KEYS: tuple[Key, ...] = (
     Key("DSV41_DECODE_YIELD_MODEL", "ints", "decode_yield", fields=(
             ("CHUNK_FIXED_US", 0, 60_000_000), ("CHUNK_TOKEN_NS", 0, 1_000_000_000),
             ("CHUNK_PAIR_PS", 0, 1_000_000_000), ("STEP_FIXED_US", 1, 60_000_000),
-            ("STEP_ROW_US", 0, 60_000_000), ("STEP_CTX_PS", 0, 1_000_000_000)),
-        doc="decode yield's cost model fitted by `dsv41 calibrate yield`; unset = the cluster "
-            "constants"),
+            ("STEP_ROW_US", 0, 60_000_000), ("STEP_CTX_PS", 0, 1_000_000_000),
+            ("CHUNK_PREFIX_SQ_PS", 0, 1_000_000_000)), min_fields=6,
+        doc="decode yield's cost model fitted by `dsv41 calibrate yield` (six integers, or seven "
+            "with the squared-prefix term); unset = the cluster constants"),
     Key("DSV41_SWA_THIN", "flag", "swa_thin", enables=True, default=0,
         doc="moved-past SWA checkpoints go to the evict-first end of the SWA LRU"),
     Key("DSV41_SWA_CONE_REPLAY", "flag", "swa_cone", enables=True, default=0,
@@ -128,8 +130,10 @@ def edit_distance(a: str, b: str) -> int:
 def _parse_ints(key: Key, raw: str) -> tuple[int, ...]:
     names = ",".join(name for name, _, _ in key.fields)
     parts = [p.strip() for p in raw.split(",")]
-    if len(parts) != len(key.fields):
-        raise ConfigError(f"{key.name}={raw!r}: expected {len(key.fields)} comma-separated integers "
+    least = key.min_fields or len(key.fields)
+    if not least <= len(parts) <= len(key.fields):
+        count = str(least) if least == len(key.fields) else f"{least} or {len(key.fields)}"
+        raise ConfigError(f"{key.name}={raw!r}: expected {count} comma-separated integers "
                           f"{names} ({key.doc})")
     values = []
     for text, (name, lo, hi) in zip(parts, key.fields):
@@ -141,7 +145,7 @@ def _parse_ints(key: Key, raw: str) -> tuple[int, ...]:
         if not lo <= value <= hi:
             raise ConfigError(f"{key.name}={raw!r}: {name}={value} out of range {lo}..{hi}")
         values.append(value)
-    return tuple(values)
+    return tuple(values) + (0,) * (len(key.fields) - len(values))
 
 
 def _parse(key: Key, raw: str):

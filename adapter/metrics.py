@@ -56,6 +56,11 @@ SERIES = {
     "dsv41_decode_yield_steps_run": ("Planned decode steps that ran (the chunk waited)", ()),
     "dsv41_decode_yield_early_ends": ("Yields ended before their plan, by reason", ("reason",)),
     "dsv41_decode_yield_lone_chunks": ("Non-final chunks with too few decode rows to yield to", ()),
+    "dsv41_decode_yield_achieved_share": ("Sum over yielded prompts of the share of time their "
+                                          "decode streams got, by the engine's own step timings "
+                                          "(a measurement, never a decision input); over "
+                                          "dsv41_decode_yield_share_measured_total: the mean", ()),
+    "dsv41_decode_yield_share_measured": ("Yielded prompts whose achieved share was measured", ()),
     "dsv41_swa_thin_hooked_inserts": ("checkpoint_into_tree calls seen", ()),
     "dsv41_swa_thin_checkpoints_passed": ("Checkpoints whose request moved past them", ()),
     "dsv41_swa_thin_nodes_moved": ("SWA LRU nodes moved to the evict-first end", ()),
@@ -103,6 +108,8 @@ KEYS = {
         "ended_early_chunked_req_gone": ("dsv41_decode_yield_early_ends", ("chunked_req_gone",)),
         "ended_early_streams_finished": ("dsv41_decode_yield_early_ends", ("streams_finished",)),
         "lone_chunks": ("dsv41_decode_yield_lone_chunks", ()),
+        "achieved_share": ("dsv41_decode_yield_achieved_share", ()),
+        "share_measured": ("dsv41_decode_yield_share_measured", ()),
     },
     "swa_thin": {
         "hooked_inserts": ("dsv41_swa_thin_hooked_inserts", ()),

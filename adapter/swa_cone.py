@@ -24,7 +24,9 @@ Forward side (model worker, same process):
   (paged SWA path).
 Cone plans only where that forward side will run (`forward_side()`: the dsv4 prefill backend off
 HIP and NPU, from the published server arguments); anywhere else a lost resume point gets the
-fallback line and the stock match. Every decision reads replicated state only (server arguments, tree,
+fallback line and the stock match; so does every lost resume point while the engine's own SWA
+bounded replay is in effect (`engine_replay()`: --enable-decoder-swa-bounded-replay or
+--enable-encoder-swa-bounded-replay, resolved; cone is not shown correct beside either). Every decision reads replicated state only (server arguments, tree,
 request, budgets): all TP ranks plan alike. DSV41_SWA_CONE_TEST=1 (test only) re-reads each copy and checks it byte for byte.
 Negative controls (test only, never in a profile; install and every replay say so loudly):
 DSV41_SWA_CONE_TEST_NO_COPY=1 plans, masks and floors as usual but skips the copy (the replay rows'
@@ -159,6 +161,12 @@ class Cone:
             receipts.fallback(ADAPTER, f"prefill attention served by {served_by}, not DeepseekV4AttnBackend: "
                                        "nothing would copy, mask and floor the replay rows; stock "
                                        "match kept")
+            return None
+        engine_flag = engine_replay()
+        if engine_flag is not None:
+            receipts.fallback(ADAPTER, f"the engine's {engine_flag} is on: cone is not shown "
+                                       "correct beside the engine's own SWA bounded replay "
+                                       "(docs/swa_cone.md); stock match kept")
             return None
         if result.host_hit_length or result.swa_host_hit_length:
             receipts.fallback(ADAPTER, "host (HiCache) hit on the match; stock match kept")
@@ -504,6 +512,30 @@ def forward_side() -> Optional[str]:
         return f"backend {prefill!r}"
     if attention_registry._is_hip or attention_registry._is_npu:
         return f"the {'HIP' if attention_registry._is_hip else 'NPU'} dsv4 backend"
+    return None
+
+
+# The engine's own SWA bounded replay (DeepSeek-V4.1): ExecFeatures field -> launch flag.
+ENGINE_REPLAY_FLAGS = (("enable_decoder_swa_bounded_replay", "--enable-decoder-swa-bounded-replay"),
+                       ("enable_encoder_swa_bounded_replay", "--enable-encoder-swa-bounded-replay"))
+
+
+def engine_replay() -> Optional[str]:
+    """The launch flag of the engine's own SWA bounded replay in effect, or None.
+
+    Cone is not shown correct beside either (docs/swa_cone.md, "Beside the engine's bounded
+    replay"): the decoder flag runs the late layers over each pass's last 128 rows only and
+    re-prefills a window in front of every hit, the encoder flag caches no SWA window at all and
+    folds its own replay rows into the compress rows cone masks. Neither runs on the CPU harness,
+    so with either in effect a lost resume point keeps the stock match. Read from the resolved
+    server arguments (`get_exec().features`: the decoder flag's default is resolved there, on
+    for DeepSeek-V4.1 on CUDA), which every TP rank has alike."""
+    from sglang.srt.runtime_context import get_exec
+
+    features = get_exec().features
+    for field, flag in ENGINE_REPLAY_FLAGS:
+        if getattr(features, field):
+            return flag
     return None
 
 

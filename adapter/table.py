@@ -78,7 +78,10 @@ HOOKS: tuple[Hook, ...] = (
         f"{_SB}:ScheduleBatch.reqs", f"{_SB}:ScheduleBatch.decoding_reqs",
         f"{_SB}:Req.seqlen", f"{_SB}:Req.rid",
         f"{_SCHED}:Scheduler.chunked_req", f"{_SCHED}:Scheduler.prefill_decode_interval",
-        f"{_SCHED}:Scheduler.prefill_decode_interval_min_bs")),
+        f"{_SCHED}:Scheduler.prefill_decode_interval_min_bs",
+        # the achieved-share measurement (logs and /metrics only): the engine's step timings
+        f"{_SCHED}:Scheduler._record_step_counters", f"{_SCHED}:Scheduler.total_prefill_busy_us",
+        f"{_SCHED}:Scheduler.decode_moment_totals", f"{_SCHED}:_accumulate_decode_moment")),
     Hook("decode_yield", _SCHED, "Scheduler._should_defer_prefill", touches=(
         f"{_SB}:ScheduleBatch.batch_size",)),
     Hook("decode_yield", _SCHED, "Scheduler._arm_prefill_decode_interval", touches=(
@@ -167,7 +170,11 @@ HOOKS: tuple[Hook, ...] = (
         "sglang.srt.mem_cache.base_prefix_cache:MatchResult",
         "sglang.srt.layers.attention.attention_registry:_is_hip",
         "sglang.srt.layers.attention.attention_registry:_is_npu",
-        f"{_RC}:attention_backends")),
+        f"{_RC}:attention_backends",
+        # the engine's own SWA bounded replay in effect: cone declines (swa_cone.engine_replay)
+        f"{_RC}:get_exec",
+        "sglang.srt.arg_groups.fields.exec_:ExecFeatures.enable_decoder_swa_bounded_replay",
+        "sglang.srt.arg_groups.fields.exec_:ExecFeatures.enable_encoder_swa_bounded_replay")),
     Hook("swa_cone", _POLICY, "PrefillAdder.add_one_req", touches=(
         f"{_POLICY}:PrefillAdder.can_run_list", f"{_POLICY}:PrefillAdder.tree_cache",
         f"{_URC}:UnifiedRadixCache.lock", f"{_URC}:UnifiedRadixCache.unlock",

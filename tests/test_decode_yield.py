@@ -446,3 +446,112 @@ def test_sim_json_fields_small(capsys):
     assert 1.0 < out["first_token_ratio"] < 2.5
     assert out["steps"]["stock"]["chunks"] == out["steps"]["yield"]["chunks"] == 4
     assert out["steps"]["stock"]["decode_steps_between_chunks"]["max"] == 1
+
+
+# --- achieved share: measured from the engine's step timings (logs and /metrics only) ----------
+
+def _feed_engine_timings(loop):
+    """After each step, the engine's step counters as `Scheduler._record_step_counters` keeps them,
+    on the modelled clock: a prefill step adds its own time to total_prefill_busy_us; a decode step
+    is timed launch to launch and only after another decode step (so it times the decode step
+    before it), through the engine's own _accumulate_decode_moment."""
+    from sglang.srt.managers.scheduler import _accumulate_decode_moment
+
+    s, trace = loop.s, loop.trace
+    if not hasattr(s, "decode_moment_totals"):
+        s.total_prefill_busy_us, s.decode_moment_totals = 0, [0.0] * 6
+    cur = trace[-1]
+    if cur.kind == "extend":
+        s.total_prefill_busy_us += cur.cost_us
+    elif cur.kind == "decode" and len(trace) > 1 and trace[-2].kind == "decode":
+        _accumulate_decode_moment(s.decode_moment_totals, len(cur.rids), trace[-2].cost_us, len(cur.rids))
+
+
+def _modelled_share(trace, rid="p"):
+    """Decode time over decode + chunk time from the prompt's first chunk to its last chunk's
+    arrival (the window the adapter measures), on the modelled clock."""
+    first = next(i for i, st in enumerate(trace) if st.kind == "extend" and rid in st.rids)
+    last = max(i for i, st in enumerate(trace) if st.kind == "extend" and rid in st.rids)
+    window = trace[first:last]
+    decode = sum(st.cost_us for st in window if st.kind == "decode")
+    chunks = sum(st.cost_us for st in window if st.kind == "extend")
+    return decode / (decode + chunks)
+
+
+@pytest.mark.parametrize("pct", [33, 50])
+def test_achieved_share_line_measures_the_engine_timings(yield_on, caplog, pct):
+    """With the engine's step counters following the modelled clock, the per-prompt line's achieved
+    share is the modelled share of the window (decode steps of nearly equal cost: the engine's mean
+    timed step stands for each), and the counters behind dsv41_decode_yield_achieved_share add it."""
+    yield_on(pct)
+    receipts.forget(dy.NAME)
+    import logging
+    with caplog.at_level(logging.INFO, logger="sglang.dsv41"):
+        loop, trace, _, _ = scenario(on_step=_feed_engine_timings,
+                                     until=lambda lp: "p" in lp.first_token_us and lp.s.chunked_req is None
+                                     and any(" left chunked prefill" in r.getMessage() for r in caplog.records))
+    lines = [r.getMessage() for r in caplog.records if " left chunked prefill" in r.getMessage()]
+    assert len(lines) == 1, lines
+    import re
+    m = re.search(r"achieved share (\d\.\d\d) \(configured (\d\.\d\d)\) by the engine's step timings", lines[0])
+    assert m, lines[0]
+    assert m.group(2) == f"{pct / 100:.2f}"
+    assert abs(float(m.group(1)) - _modelled_share(trace)) <= 0.01
+    c = counters()
+    assert c["share_measured"] == 1
+    assert abs(c["achieved_share"] - _modelled_share(trace)) <= 0.01
+
+
+def test_achieved_share_is_never_a_decision_input(yield_on, monkeypatch):
+    """Engine timings fed or absent, or made absurd: the same batches and the same steps per chunk."""
+    yield_on(33)
+    _, plain, _, _ = scenario()
+    _, fed, _, _ = scenario(on_step=_feed_engine_timings)
+
+    def absurd(loop):
+        _feed_engine_timings(loop)
+        loop.s.total_prefill_busy_us *= 7
+        loop.s.decode_moment_totals[2] += 10**9
+    _, odd, _, _ = scenario(on_step=absurd)
+    assert shape(fed) == shape(plain) == shape(odd)
+
+
+def test_achieved_share_function():
+    # 3 decode steps ran, the engine timed 2 of them (200 ms in all), 2 s of prefill
+    share, decode_us, prefill_us = dy.achieved_share((1_000, 4, 50.0), (2_001_000, 6, 200_050.0), 3)
+    assert (decode_us, prefill_us) == (300_000.0, 2_000_000)
+    assert share == pytest.approx(300_000 / 2_300_000)
+    assert dy.achieved_share((0, 0, 0.0), (10, 0, 0.0), 1) == (
+        None, "the engine has timed no decode step yet (none followed another)")
+    # one step per chunk (the stock interval): no step of the window is timed; the mean of the
+    # steps timed before it (40 steps, 400 ms) stands for them
+    share, decode_us, _ = dy.achieved_share((0, 40, 400_000.0), (990_000, 40, 400_000.0), 1)
+    assert decode_us == 10_000.0 and share == pytest.approx(0.01)
+    assert dy.achieved_share((0, 0, 0.0), (10, 3, 9.0), 0) == (None, "no decode step ran")
+
+
+def test_model_form_follows_both_chunk_cost_shapes():
+    """sq = 0: c*L*(P + L/2) (the cluster form, unchanged); sq = pair/2: (pair/2)*(P + L)^2 up to
+    integer rounding (a backend whose chunk cost grows with the whole context squared)."""
+    old = dy.CostModel(0, 0, 40_000, 1, 0, 0)
+    sq = dy.CostModel(0, 0, 40_000, 1, 0, 0, 20_000)
+    for L, P in ((4096, 0), (4096, 8192), (4096, 20480), (2048, 22528), (256, 100_000)):
+        assert dy.chunk_cost_us(L, P, old) == L * (P + L // 2) * 40_000 // 1_000_000
+        whole = (P + L) ** 2 * 20_000 / 1_000_000
+        assert abs(dy.chunk_cost_us(L, P, sq) - whole) <= 2
+    assert dy.CLUSTER.chunk_prefix_sq_ps == 0 and dy.CLUSTER.value() == "20000,65000,277,60000,3000,52000"
+
+
+def test_calibrate_fit_recovers_either_shape():
+    """The chunk fit (dsv41 calibrate yield's) on chunk times of either shape picks the matching
+    mix, with no residual left."""
+    from adapter.tools import calibrate as C
+
+    pts = [(4096, p) for p in range(0, 24576, 4096)] + [(2048, 22528), (1024, 12288)]
+    for times, want in (([1e-12 * 40_000 * L * (P + L / 2) for L, P in pts], (40_000, 0)),
+                        ([1e-12 * 20_000 * (P + L) ** 2 for L, P in pts], (40_000, 20_000))):
+        r = C._fit([(1.0, L, L * (P + L / 2), P * P) for L, P in pts], times,
+                   ("fixed", "per token", "per pair", "per squared prefix token"), relative=False)
+        assert r["rms_rel_residual"] < 0.01
+        pair, sq = r["coef"][2] * 1e12, r["coef"][3] * 1e12
+        assert abs(pair - want[0]) <= 0.01 * want[0] and abs(sq - want[1]) <= 0.01 * max(want[0], 1)

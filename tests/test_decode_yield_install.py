@@ -83,13 +83,14 @@ MODEL_KEY = "DSV41_DECODE_YIELD_MODEL"
 
 
 @pytest.mark.parametrize("raw, needle", [
-    ("1,2,3", "expected 6 comma-separated integers"),
-    ("20000,65000,277,60000,3000", "expected 6 comma-separated integers"),
+    ("1,2,3", "expected 6 or 7 comma-separated integers"),
+    ("20000,65000,277,60000,3000", "expected 6 or 7 comma-separated integers"),
     ("20000,65000,abc,60000,3000,52000", "CHUNK_PAIR_PS='abc' is not an integer"),
     ("20000,65000,277,0,3000,52000", "STEP_FIXED_US=0 out of range 1..60000000"),
     ("-1,65000,277,60000,3000,52000", "CHUNK_FIXED_US=-1 out of range"),
-    ("20000,65000,277,60000,3000,52000,7", "expected 6 comma-separated integers"),
-    ("", "expected 6 comma-separated integers"),
+    ("20000,65000,277,60000,3000,52000,7,1", "expected 6 or 7 comma-separated integers"),
+    ("20000,65000,277,60000,3000,52000,-7", "CHUNK_PREFIX_SQ_PS=-7 out of range"),
+    ("", "expected 6 or 7 comma-separated integers"),
 ])
 def test_bad_model_values_refuse_the_boot(raw, needle):
     with pytest.raises(keys.ConfigError, match=MODEL_KEY) as err:
@@ -106,7 +107,10 @@ def test_model_key_is_volatile_and_parses_to_the_six_constants():
 
     assert MODEL_KEY in keys.volatile_keys()
     parsed = keys.parse_env({KEY: "33", MODEL_KEY: " 0, 0,26766,1048 ,1388,576320"}).get(MODEL_KEY)
-    assert parsed == (0, 0, 26766, 1048, 1388, 576320)
+    assert parsed == (0, 0, 26766, 1048, 1388, 576320, 0)      # six values: no squared-prefix term
+    seven = keys.parse_env({KEY: "33", MODEL_KEY: "0,0,26766,1048,1388,576320,13383"}).get(MODEL_KEY)
+    assert seven == (0, 0, 26766, 1048, 1388, 576320, 13383)
+    assert decode_yield.CostModel(*seven).value() == "0,0,26766,1048,1388,576320,13383"
     assert keys.parse_env({KEY: "33"}).get(MODEL_KEY) is None
     assert decode_yield.CLUSTER.value() == "20000,65000,277,60000,3000,52000"
     assert keys.parse_env({MODEL_KEY: decode_yield.CLUSTER.value()}).get(MODEL_KEY) == decode_yield.CLUSTER

@@ -21,10 +21,10 @@ def _cone_env(tokens=N):
     return {"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_TOKENS": str(tokens)}
 
 
-def _setup(backend, *, evict=True, chunk=CHUNK, attention_backend="dsv4"):
+def _setup(backend, *, evict=True, chunk=CHUNK, attention_backend="dsv4", server_args=None):
     from adapter.tools.sims.swa_cone import Driver, build
 
-    cpu = build(60_000, 4096, backend, attention_backend=attention_backend)
+    cpu = build(60_000, 4096, backend, attention_backend=attention_backend, server_args=server_args)
     drv = Driver(cpu, chunk=chunk)
     doc = list(range(1, DOC + 1))
     drv.prefill(doc, output_tokens=[7] * 40)
@@ -178,3 +178,53 @@ def test_no_plan_where_the_dsv4_forward_side_cannot_run(install_adapters, caplog
     fallbacks = [m for m in messages if "swa_cone fallback" in m]
     assert len(fallbacks) == 1 and f"served by backend {attention_backend!r}" in fallbacks[0]
     assert "not DeepseekV4AttnBackend" in fallbacks[0]
+
+
+@pytest.mark.parametrize("flag", ["--enable-decoder-swa-bounded-replay",
+                                  "--enable-encoder-swa-bounded-replay"])
+def test_no_plan_beside_the_engines_own_swa_bounded_replay(install_adapters, caplog, flag):
+    """Issue 43: with the engine's own SWA bounded replay in effect (the real ServerArgs field,
+    published as the engine publishes it) cone is not shown correct, so a lost resume point keeps
+    the stock match: one fallback line naming the flag, counted per lost resume point."""
+    receipts.forget("swa_cone")
+    status = install_adapters(_cone_env())
+    assert status["swa_cone"].status == "installed", status["swa_cone"].detail
+    field = flag.lstrip("-").replace("-", "_")
+    cpu, drv, prompt = _setup("python", server_args={field: True})
+    with caplog.at_level(logging.INFO, logger="sglang.dsv41"):
+        _arrive(drv, prompt)                                      # a first lost resume point
+        req = _arrive(drv, prompt)                                # and a second
+        stock = (req.prefix_len, req.last_node, req.kv.cache_protected_len)
+        assert _full_resident_end(cpu, prompt) - stock[0] > N     # the resume point is lost
+        adder = drv.adder()
+        adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+    assert req in adder.can_run_list                              # admitted, as stock admits it
+    assert (req.prefix_len, req.last_node, req.kv.cache_protected_len) == stock
+    assert not swa_cone_state_plans()
+    messages = [r.getMessage() for r in caplog.records]
+    assert not [m for m in messages if " plan " in m]
+    fallbacks = [m for m in messages if "swa_cone fallback" in m]
+    assert len(fallbacks) == 1 and f"the engine's {flag} is on" in fallbacks[0], fallbacks
+    counted = {k: v for k, v in receipts.counters["swa_cone"].items() if flag in k}
+    assert list(counted.values()) == [2]
+    assert receipts.counters["swa_cone"]["candidates"] == 0
+
+
+def swa_cone_state_plans():
+    from adapter import swa_cone
+
+    return dict(swa_cone.state().plans)
+
+
+def test_plans_again_with_the_engines_bounded_replay_flags_off(install_adapters):
+    """The same published ServerArgs with both flags explicitly off: cone plans (the decline reads
+    the flags' values, not their presence)."""
+    receipts.forget("swa_cone")
+    install_adapters(_cone_env())
+    cpu, drv, prompt = _setup("python", server_args={"enable_decoder_swa_bounded_replay": False,
+                                                      "enable_encoder_swa_bounded_replay": False})
+    req = _arrive(drv, prompt)
+    adder = drv.adder()
+    adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+    assert receipts.counters["swa_cone"]["plans"] == 1
+    assert req.prefix_len == _full_resident_end(cpu, prompt) - N

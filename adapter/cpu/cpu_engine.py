@@ -142,13 +142,15 @@ class CpuSwaCache:
 def build_swa_cache(*, full_tokens: int, swa_tokens: int, page_size: int = 256,
                     window: int = 128, backend: str = "python", req_slots: int = 16,
                     max_context_len: int | None = None, chunked_prefill_size: int | None = None,
-                    attention_backend: str = "dsv4", **cache_params) -> CpuSwaCache:
+                    attention_backend: str = "dsv4", server_args: dict | None = None,
+                    **cache_params) -> CpuSwaCache:
     """Build UnifiedRadixCache(FULL, SWA) with ReqToTokenPool, SWAKVPool, SWATokenToKVPoolAllocator.
 
     KV buffers are one head of one element per layer (one SWA layer, one full layer): the tree,
     the allocators and eviction are the engine's; only the tensors are tiny. The published server
     arguments name `attention_backend` (default dsv4: the cluster's DeepSeek-V4 backend, which
-    cone replay checks for before it plans).
+    cone replay checks for before it plans), plus `server_args` (more ServerArgs fields, e.g. the
+    engine's SWA bounded replay flags, published the same way).
     """
     install_torchvision_shim()
     import torch
@@ -161,7 +163,8 @@ def build_swa_cache(*, full_tokens: int, swa_tokens: int, page_size: int = 256,
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
     set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=page_size,
-                                                    attention_backend=attention_backend))
+                                                    attention_backend=attention_backend,
+                                                    **(server_args or {})))
     req_to_token_pool = ReqToTokenPool(size=req_slots, max_context_len=max_context_len or full_tokens,
                                        device="cpu", enable_memory_saver=False)
     kv_pool = SWAKVPool(size=full_tokens, size_swa=swa_tokens, page_size=page_size,

@@ -26,15 +26,16 @@ its kind, so the log gives durations without reading its timestamps:
   has iters, else --decode-log-interval (the engine's default 40; checked against the lines'
   own timestamps).
 
-Model (adapter/decode_yield.py, seconds): chunk = a + b·L + c·L·(P + L/2) for L new tokens
-after P cached; step = d + e·rows + f·context (context: the decode line's #token / #full token,
+Model (adapter/decode_yield.py, seconds): chunk = a + b·L + c·L·(P + L/2) + g·P² for L new
+tokens after P cached (g = 0: a chunk whose attention reads what it sees, c·L·(P + L/2); g = c/2:
+(c/2)·(P + L)², a backend whose chunk cost grows with the whole context squared; the fit picks); step = d + e·rows + f·context (context: the decode line's #token / #full token,
 which is the rows' context when the radix cache holds little else: flush it before a
 calibration run). Fitted by non-negative least squares (scipy.optimize.lsq_linear): chunks in
 seconds, so the long chunks that hold most of a prefill's time are fitted best (a share is a
 share of time); steps on relative residuals, every decode condition weighing alike. A term whose feature does not vary in the log is not identifiable,
 is set to 0 and said so. Printed: the constants, residuals, and the profile value
 DSV41_DECODE_YIELD_MODEL=<chunk_fixed_us,chunk_token_ns,chunk_pair_ps,step_fixed_us,step_row_us,
-step_ctx_ps>.
+step_ctx_ps[,chunk_prefix_sq_ps]> (the seventh only when not 0).
 """
 from __future__ import annotations
 
@@ -258,14 +259,16 @@ def fit(paths, decode_log_interval: Optional[int] = None) -> dict:
             f"their timestamps {by_ts:.1f} s: the engine logged every N != {interval} steps; "
             f"pass its --decode-log-interval as --decode-log-interval N")
 
-    chunk_fit = _fit([(1.0, L, L * (P + L / 2)) for L, P, _, _ in chunks], [t for _, _, t, _ in chunks],
-                     ("fixed", "per token", "per pair"), relative=False)
+    chunk_fit = _fit([(1.0, L, L * (P + L / 2), P * P) for L, P, _, _ in chunks],
+                     [t for _, _, t, _ in chunks],
+                     ("fixed", "per token", "per pair", "per squared prefix token"), relative=False)
     step_fit = _fit([(1.0, r, c) for r, c, *_ in steps], [s[2] for s in steps],
                     ("fixed", "per row", "per context token"), relative=True)
-    a, b, c = chunk_fit["coef"]
+    a, b, c, g = chunk_fit["coef"]
     d, e, f = step_fit["coef"]
     model = decode_yield.CostModel(round(a * 1e6), round(b * 1e9), round(c * 1e12),
-                                   max(1, round(d * 1e6)), round(e * 1e6), round(f * 1e12))
+                                   max(1, round(d * 1e6)), round(e * 1e6), round(f * 1e12),
+                                   round(g * 1e12))
     key = keys.KEY_BY_NAME[decode_yield.MODEL_KEY]
     try:
         keys.parse_env({key.name: model.value()})     # the value must pass the boot check as printed
@@ -275,7 +278,7 @@ def fit(paths, decode_log_interval: Optional[int] = None) -> dict:
     warnings = [f"{part} cost: rms relative residual {fitted['rms_rel_residual']:.0%} > "
                 f"{WARN_RESIDUAL:.0%}: this engine's {part} times do not follow the model's form "
                 f"({form}); the achieved share will differ from the configured one (see --plot)"
-                for part, fitted, form in (("chunk", chunk_fit, "a + b*L + c*L*(P + L/2)"),
+                for part, fitted, form in (("chunk", chunk_fit, "a + b*L + c*L*(P + L/2) + g*P^2"),
                                            ("step", step_fit, "d + e*rows + f*context"))
                 if fitted["rms_rel_residual"] > WARN_RESIDUAL]
     return {
@@ -311,6 +314,7 @@ def format_report(r: dict) -> str:
     ch, st = r["chunk"], r["step"]
     out = [f"logs: {', '.join(r['logs'])} ({r['lines']['prefill']} prefill, {r['lines']['decode']} decode lines)",
            f"chunk cost: {m['chunk_fixed_us']} us + {m['chunk_token_ns']} ns/token + {m['chunk_pair_ps']} ps/pair "
+           f"+ {m['chunk_prefix_sq_ps']} ps/squared prefix token "
            f"({ch['samples']} samples, gap = forward +{ch['logged_after']} ({ch['logged_after_by']}), residual rms {ch['rms_rel_residual']:.1%}, "
            f"max {ch['max_rel_residual']:.1%})",
            f"step cost:  {m['step_fixed_us']} us + {m['step_row_us']} us/row + {m['step_ctx_ps']} ps/context token "

@@ -299,7 +299,8 @@ def run_config(model: str, keys: dict, args: dict, *,
             run.cadence = traffic.yield_cadence(server, prefill)
         if "calibration" in scenarios:
             say(f"{name or model}: calibration traffic")
-            run.extras["calibration_sent"] = traffic.calibration_run(server)
+            calibrate = traffic.dsv4_calibration_run if model == "dsv4" else traffic.calibration_run
+            run.extras["calibration_sent"] = calibrate(server)
         if "bad_input" in scenarios and key_registry.parse_env(keys).enabled("input_guard"):
             say(f"{name or model}: one request with a prompt id outside the vocabulary")
             run.bad_input = bad_input_probe(server)
@@ -354,6 +355,41 @@ def rank_agreement(run: ConfigRun) -> dict:
     return out
 
 
+ACHIEVED_RE = re.compile(r"achieved share (\d+\.\d+) \(configured (\d+\.\d+)\) by the engine's "
+                         r"step timings: decode (\d+\.\d+) s over \d+ steps, prefill (\d+\.\d+) s")
+
+
+def yield_shares(run: ConfigRun) -> dict:
+    """decode yield's achieved share by the engine's own step timings (the per-prompt lines of
+    the first scheduler: every rank logs the same decisions): over all the boot's yielded prompts,
+    decode time / (decode + prefill time) of their windows (a long prompt weighs by its time), each
+    prompt's own, and the configured share."""
+    share = run.keys.get("DSV41_DECODE_YIELD")
+    lines = run.dsv41_lines("decode_yield", "sglang::scheduler")
+    ranks = _ranks(run)
+    if ranks:
+        lines = run.dsv41_lines("decode_yield", f"sglang::{ranks[0]}")
+    found = [m for m in (ACHIEVED_RE.search(ln) for ln in lines) if m]
+    decode, prefill = (sum(float(m.group(k)) for m in found) for k in (3, 4))
+    return {"configured_share": int(share) / 100 if share else None,
+            "achieved_share_engine": round(decode / (decode + prefill), 4) if found and decode + prefill > 0 else None,
+            "achieved_share_engine_per_prompt": [float(m.group(1)) for m in found],
+            "yield_window_s": {"decode": round(decode, 3), "prefill": round(prefill, 3)},
+            "not_measured": [ln.split("achieved share not measured ", 1)[1] for ln in lines
+                             if "achieved share not measured " in ln][:3]}
+
+
+def yield_line(model: str, eff: dict) -> Optional[str]:
+    """`decode_yield <model>: achieved share 0.31 (configured 0.33)` (achieved first), or why not."""
+    if not eff or eff.get("configured_share") is None:
+        return None
+    got = eff.get("achieved_share_engine")
+    if got is None:
+        why = "; ".join(eff.get("not_measured") or []) or "(no yielded prompt)"
+        return f"decode_yield {model}: achieved share not measured {why} (configured {eff['configured_share']:.2f})"
+    return f"decode_yield {model}: achieved share {got:.2f} (configured {eff['configured_share']:.2f})"
+
+
 def _effect(adapter: str, line: ConfigRun, control: ConfigRun) -> dict:
     if adapter == "decode_yield" and line.cadence and control.cadence:
         share = line.keys.get("DSV41_DECODE_YIELD")
@@ -365,13 +401,14 @@ def _effect(adapter: str, line: ConfigRun, control: ConfigRun) -> dict:
         decisions = rank_decisions(line)
         if len(decisions) > 1:
             out["decisions_alike_on_ranks"] = len({tuple(v) for v in decisions.values()}) == 1
+        out.update(yield_shares(line))
         return out
     if adapter == "decode_yield" and line.beside:
         # dsv4: no cadence (CPU prefill of the tiny V4 is too slow for a long prompt); the
         # decisions logged while a stream decoded beside a two-chunk prefill, T=0 equal
         return {"yield_lines": len([ln for ln in line.dsv41_lines(adapter) if "yielded" in ln]),
                 "decision_lines": len([ln for ln in line.dsv41_lines(adapter) if " rid=" in ln]),
-                "stream_tokens": len(line.beside["stream"].ids)}
+                "stream_tokens": len(line.beside["stream"].ids), **yield_shares(line)}
     if adapter == "autotune_keep":
         agreement = {r: v for r, v in rank_agreement(line).items() if v}
         if len(agreement) > 1:
@@ -519,6 +556,9 @@ def format_report(report: dict) -> str:
             out.append(f"  {name:14s} {inst:42s} {json.dumps(a['effect']) if a['effect'] else ''}")
             for ln in a["fallbacks"] + a["receipts"][:3]:
                 out.append(f"  {'':14s}   {ln[:150]}")
+        shown = yield_line(model, (m["adapters"].get("decode_yield") or {}).get("effect") or {})
+        if shown:
+            out.append(shown)
         for e in m["errors"] + [f"{n} not installed in the {install_process(n)}" for n in m["not_installed"]]:
             out.append(f"  ERROR {e}")
         if eq["mismatches"]:

@@ -202,9 +202,16 @@ DSV4_CONE_TOKENS = 512
 # tombstone: its last window, [256, 512), still holds SWA) and the session resumes in full.
 # Then the session + 40 tokens.
 DSV4_IDLE = dict(session_tokens=512, agents=0, new_prompts=1, new_tokens_each=3072)
-# Decode yield: one stream decoding while a 1030-token prompt prefills in chunks (1024 + 6 at
-# DSV4_CHUNK: one non-final chunk, one yield decision; 512 + 512 + 6 at 512: two).
-DSV4_YIELD_PROMPT = 1030
+# Decode yield: one stream decoding while a 2054-token prompt prefills in chunks. The stream's
+# 32-token prompt rides in the first pass with the prompt's first 768 tokens (one scheduler
+# message; the chunk page-aligned), so the stream is a decode row only from the end of that pass:
+# the second pass (1024) is the non-final chunk it yields to (one yield decision), then the final
+# 262. (Issue 43: at 1030
+# the only non-final chunk was the first pass, with no decode row yet: the yield never acted, and
+# the canary had no achieved share to show for dsv4.) DSV4_YIELD_STREAM tokens outlast a yield of
+# a fitted model on this machine (~50 steps after a 1024-token chunk).
+DSV4_YIELD_PROMPT = 2054
+DSV4_YIELD_STREAM = 96
 
 
 def dsv4_window_resume(server: CpuServer) -> dict:
@@ -219,7 +226,8 @@ def dsv4_idle_session_resume(server: CpuServer) -> dict:
 
 
 def decode_beside_chunked_prefill(server: CpuServer, prompt_tokens: int = DSV4_YIELD_PROMPT,
-                                  stream_tokens: int = 48, started: int = 4, stream_cap: int = 1024,
+                                  stream_tokens: int = DSV4_YIELD_STREAM, started: int = 4,
+                                  stream_cap: int = 1024,
                                   timeout: float = 600) -> dict:
     """One greedy stream (32-token prompt, logprobs) decodes while a `prompt_tokens` prompt (longer
     than one chunk) prefills in chunks with max_new_tokens 1, sent once the stream has `started`
@@ -370,19 +378,24 @@ def yield_cadence(server: CpuServer, prefill_tokens: int, streams: int = 2,
 CALIBRATION_PROMPTS = (24576, 22528)          # lone chunked prompts: chunk cost over prefix/length
 CALIBRATION_DECODE = ((1, 32), (2, 32), (4, 32), (2, 6144))   # (rows, prompt tokens) decode runs
 CALIBRATION_DECODE_TOKENS = 240               # per row: 6 decode log lines at the default interval 40
+# The tiny DeepSeek-V4 (8K context, 8192-token pool, 1024-token chunks: traffic.DSV4_CHUNK): lone
+# prompts of 6 and 5 chunks, the long-context decode rows at 1536 tokens.
+DSV4_CALIBRATION_PROMPTS = (6144, 5120)
+DSV4_CALIBRATION_DECODE = ((1, 32), (2, 32), (4, 32), (2, 1536))
 
 
-def calibration_run(server: CpuServer, seed: int = 900) -> dict:
+def calibration_run(server: CpuServer, seed: int = 900, prompts=CALIBRATION_PROMPTS,
+                    decode=CALIBRATION_DECODE) -> dict:
     """Traffic whose scheduler log lines `dsv41 calibrate yield` can fit: each long prompt alone
     (its chunks follow each other with no decode forward in between), then decode runs of 1, 2
     and 4 rows and 2 long-context rows, each alone. The radix cache is flushed before each part
     so that the decode lines' #token is the rows' own context. Returns what was sent."""
     sent = {"prompts": [], "decode": []}
-    for i, n in enumerate(CALIBRATION_PROMPTS):
+    for i, n in enumerate(prompts):
         server.flush_cache(wait_s=60)
         server.generate(token_ids(seed + i, n), max_new_tokens=1)
         sent["prompts"].append(n)
-    for j, (rows, prompt_tokens) in enumerate(CALIBRATION_DECODE):
+    for j, (rows, prompt_tokens) in enumerate(decode):
         server.flush_cache(wait_s=60)
         prompts = [token_ids(seed + 100 + 10 * j + r, prompt_tokens) for r in range(rows)]
         with cf.ThreadPoolExecutor(rows) as pool:
@@ -391,3 +404,8 @@ def calibration_run(server: CpuServer, seed: int = 900) -> dict:
         sent["decode"].append({"rows": rows, "prompt_tokens": prompt_tokens,
                                "new_tokens": CALIBRATION_DECODE_TOKENS})
     return sent
+
+
+def dsv4_calibration_run(server: CpuServer) -> dict:
+    """calibration_run sized for the tiny DeepSeek-V4 (DSV4_CALIBRATION_PROMPTS / _DECODE)."""
+    return calibration_run(server, prompts=DSV4_CALIBRATION_PROMPTS, decode=DSV4_CALIBRATION_DECODE)

@@ -139,9 +139,10 @@ def test_swa_thin_keeps_an_idle_sessions_resume_point(boots):
 
 
 def test_decode_yield_decides_beside_a_chunked_prefill_on_dsv4(boots):
-    """One stream decodes while a 1030-token prompt prefills as 1024 + 6: the yield arms after the
-    non-final chunk (one decision line); the cluster cost model plans 1 step for a 1024-token chunk
-    (its modelled cost is below one decode step), which is the stock interval here."""
+    """One stream decodes while a 2054-token prompt prefills as 768 (beside the stream's own 32-token
+    prompt) + 1024 + 262: the yield arms after the second, non-final chunk, the first with the stream
+    running (one decision line); the cluster cost model plans 1 step for a 1024-token chunk (its
+    modelled cost is below one decode step), which is the stock interval here."""
     stock, run = boots.config("dsv4", "stock"), boots.config("dsv4", "production")
     decisions = [tuple(map(int, m.groups())) for ln in run.dsv41_lines("decode_yield", "sglang::scheduler")
                  for m in [YIELD_LINE.search(ln)] if m]

@@ -37,6 +37,7 @@ A Scheduler is built with object.__new__ and only the attributes the scheduling 
   dllm_config=None, prefill_delayer=None, min_free_slots_delayer=None, hisparse_coordinator=None,
   decode_offload_manager=None, mm_receiver=None, rust_server=None, scheduler_stage_metrics=None,
   spec_algorithm=NONE, disaggregation_mode=NULL, waiting_queue, result_queue, forward_ct,
+  total_prefill_busy_us and decode_moment_totals (the engine's step counters, at 0),
   processed_tokens_counter, running_batch, last_batch;
 - stand-ins for what cannot exist on CPU: model_config (vocab_size, is_encoder_decoder,
   is_multimodal: the real ModelConfig reads a checkpoint), tp_worker.model_runner (attn_backend,
@@ -144,6 +145,10 @@ def build_scheduler(*, chunk: int = CHUNK, interval: int = INTERVAL, min_bs: int
     s.waiting_queue = []
     s.result_queue = []
     s.forward_ct = 0
+    # the engine's step counters (Scheduler.__init__ sets them; _record_step_counters feeds them
+    # from the real clock after each forward, which the modelled loop does not run): decode
+    # yield's achieved-share measurement reads them
+    s.total_prefill_busy_us, s.decode_moment_totals = 0, [0.0] * 6
     s.processed_tokens_counter = 0
     s.running_batch = ScheduleBatch(reqs=[])
     s.last_batch = None

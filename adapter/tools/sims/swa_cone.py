@@ -120,13 +120,15 @@ def _finished():
     return FINISH_LENGTH(length=1)
 
 
-def build(full_tokens: int, swa_tokens: int, backend: str, attention_backend: str = "dsv4"):
+def build(full_tokens: int, swa_tokens: int, backend: str, attention_backend: str = "dsv4",
+          server_args: dict | None = None):
     from adapter.cpu import cpu_engine
 
     return cpu_engine.build_swa_cache(full_tokens=full_tokens, swa_tokens=swa_tokens,
                                       page_size=PAGE, window=WINDOW, backend=backend,
                                       req_slots=8, max_context_len=full_tokens,
-                                      chunked_prefill_size=CHUNK, attention_backend=attention_backend)
+                                      chunked_prefill_size=CHUNK, attention_backend=attention_backend,
+                                      server_args=server_args)
 
 
 def scenario(*, doc_tokens=300_000, prompts=800, prompt_tokens=1024, tail_tokens=2048,
