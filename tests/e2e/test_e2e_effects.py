@@ -139,16 +139,17 @@ def test_swa_thin_keeps_an_idle_sessions_resume_point(boots):
 
 
 def test_decode_yield_decides_beside_a_chunked_prefill_on_dsv4(boots):
-    """One stream decodes while a 2054-token prompt prefills as 768 (beside the stream's own 32-token
-    prompt) + 1024 + 262: the yield arms after the second, non-final chunk, the first with the stream
-    running (one decision line); the cluster cost model plans 1 step for a 1024-token chunk (its
-    modelled cost is below one decode step), which is the stock interval here."""
+    """One stream decodes (it runs before the prompt arrives: traffic.decode_beside_chunked_prefill)
+    while a 2054-token prompt prefills as 1024 + 1024 + 6: the yield arms after each of the two
+    non-final chunks (one decision line for the prompt); the cluster cost model plans 1 step for a
+    1024-token chunk after 0 or 1024 cached (its modelled cost is below one decode step's
+    67/33 share), which is the stock interval here."""
     stock, run = boots.config("dsv4", "stock"), boots.config("dsv4", "production")
     decisions = [tuple(map(int, m.groups())) for ln in run.dsv41_lines("decode_yield", "sglang::scheduler")
                  for m in [YIELD_LINE.search(ln)] if m]
     print(f"\ndecode_yield decisions (all of the boot's traffic): {decisions}")
-    # the beside-scenario's prompt is among them: one chunk yielded, one step planned and run
-    assert (1, 1, 1, 0) in decisions, decisions
+    # the beside-scenario's prompt is among them: two chunks yielded, one step planned and run each
+    assert (2, 2, 2, 0) in decisions, decisions
     assert all(ran + early <= planned for _, planned, ran, early in decisions), decisions
     assert not stock.dsv41_lines("decode_yield")
     cmp = traffic.compare([stock.beside["stream"], stock.beside["prompt"]],
