@@ -26,9 +26,12 @@ CADENCE_PREFILL = 12288
 
 
 def _decisions(run, rank):
-    """decode_yield's per-request lines of one rank, without timestamps."""
-    return [re.sub(r"^.*?\[dsv41\]", "[dsv41]", ln) for ln in run.lines(f"sglang::scheduler_TP{rank}")
-            if "[dsv41] decode_yield rid=" in ln]
+    """decode_yield's per-request lines of one rank, without timestamps and without the achieved
+    share that ends them (a measurement from the rank's own step timings, for logs and /metrics
+    only: it differs between ranks; the decisions before it must not)."""
+    lines = [re.sub(r"^.*?\[dsv41\]", "[dsv41]", ln) for ln in run.lines(f"sglang::scheduler_TP{rank}")
+             if "[dsv41] decode_yield rid=" in ln]
+    return [ln.split("; achieved share", 1)[0] for ln in lines]
 
 
 def _agreement(run, rank):
