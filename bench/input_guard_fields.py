@@ -49,9 +49,13 @@ SAMPLING = {"greedy": {"temperature": 0.0},
 ROUTES = ("/generate", "/vertex_generate")
 
 
-def on_route(body: dict, route: str, sampling: str) -> dict:
-    """A row's /generate body with the sampling mode applied, as `route` takes it."""
-    body = dict(body, sampling_params={**body["sampling_params"], **SAMPLING[sampling]})
+def on_route(body: dict, route: str, sampling: str, row: dict | None = None) -> dict:
+    """A row's /generate body with the sampling mode applied (the row's own bad value kept), as
+    `route` takes it."""
+    sp = {**body["sampling_params"], **SAMPLING[sampling]}
+    if row is not None and row["struct"] == "sampling_params":
+        sp[row["field"]] = row["value"]
+    body = dict(body, sampling_params=sp)
     if route == "/generate":
         return body
     params = {k: v for k, v in body.items() if k != "input_ids"}
@@ -182,7 +186,7 @@ def measure(line: str, progress=print, save=None, done=None, sampling: str = "gr
                 server = _boot(CpuServer, keys, args, line)
                 boots += 1
             try:
-                resp = requests.post(server.url + route, json=on_route(row["body"], route, sampling),
+                resp = requests.post(server.url + route, json=on_route(row["body"], route, sampling, row),
                                      timeout=120)
                 status = resp.status_code
                 detail = resp.text[:200]

@@ -719,3 +719,17 @@ def test_session_routes_are_refused_through_the_app(app_client):
     resp = client.post("/generate", json={"input_ids": [5, 6], "session_params": {"id": [1]}})
     assert resp.status_code == 400 and "sessions are off" in resp.text
     assert sent == []
+
+
+def test_with_sampling_on_every_value_that_killed_stock_got_400_on_the_line():
+    """docs/input_guard_fields_top_k.json: the same rows with temperature 1 and top_k 50
+    (bench/input_guard_fields.py --sampling top_k), on stock and on the production line."""
+    import json
+    import pathlib
+
+    rows = json.loads((pathlib.Path(__file__).resolve().parents[1] / "docs" /
+                       "input_guard_fields_top_k.json").read_text())
+    dies = [r for r in rows if r["stock"] == "dies"]
+    assert dies, "the table records no death: the measurement did not run"
+    assert all(r["production"] == "400" for r in dies), [r for r in dies if r["production"] != "400"]
+    assert not [r for r in rows if r["production"] == "dies"]

@@ -562,7 +562,8 @@ STOCK41 = {
     "i41-stop-regex-backtracking": "no answer in 91 s (the scheduler in re.search)",
     "i41-rid-drop": "A: 200, 389 of 2000 tokens (aborted with B)",
     "i41-scale-elastic-ep": "400 (its handler: new_ep_size must be a positive integer)",
-    "i41-server-info": "admin key shown", "i41-grammar-beside-stream": "stream 64 of 64",
+    "i41-server-info": "admin key shown",
+    "i41-grammar-beside-stream": "stream 64 of 64 in 8.6 s; grammar ran all 400 steps",
 }
 # Client A's length in the rid drop: long enough that A still runs when B's drop reaches the
 # scheduler (at 160 tokens A had finished on this CPU before it did).
