@@ -336,3 +336,70 @@ def test_dense_cache_keeps_the_rust_core_with_a_fallback_line(install_adapters, 
     messages = [r.getMessage() for r in caplog.records]
     assert [m for m in messages if "fallback: cache has no SWA component" in m]
     assert [m for m in messages if "tree core: dsv41_thin instead of rust" in m]
+
+
+def test_demote_binding_answers_each_node_and_moves_in_order(install_adapters, monkeypatch):
+    """thin's core's `demote_swa_lru` (the binding thin proposes upstream) on the engine's real
+    cache: one answer per node asked, in order (gone, root, tombstone, evicting, locked, session,
+    moved); the moved nodes end at the evict-first end in the order given, and nothing else of
+    the LRU or the tree changes."""
+    import types
+    from array import array
+
+    from adapter.cpu import cpu_engine
+    from adapter.swa_thin.core import SWA, ThinTreeCore
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    install_adapters(THIN)
+    cpu = cpu_engine.build_swa_cache(full_tokens=64 * 256, swa_tokens=32 * 256, backend="rust")
+    cache, core = cpu.cache, cpu.cache.tree_core
+    assert type(core) is ThinTreeCore
+    for tokens in (list(range(1, 4 * 256 + 1)), list(range(1, 2 * 256 + 1)) + list(range(5000, 5768))):
+        cache.insert(InsertParams(key=RadixKey(array("q", tokens)), value=cpu.alloc(len(tokens))))
+    lru, swa, root = core.lru_lists[SWA], core.components_by_type[SWA], core.root_node
+    pt = lru._pt
+
+    def order():
+        out, x = [], lru.head.lru_next[pt]
+        while x is not lru.tail:
+            out.append(x.id)
+            x = x.lru_next[pt]
+        return out
+
+    held = [i for i, n in core._node_arena.items() if n is not root]
+    assert len(held) == 5 and all(i in lru.cache for i in held)
+    first, second = held[1], held[3]
+    before = order()
+    assert core.demote_swa_lru([first, second]) == ["moved", "moved"]
+    after = order()
+    # the last one asked is the next victim (the tail end), the one before it just ahead of it
+    assert after[-2:] == [first, second] and sorted(after) == sorted(before)
+    assert [i for i in after if i not in (first, second)] == [i for i in before if i not in (first, second)]
+    assert core.demote_swa_lru([10 ** 9, root.id]) == ["gone", "root"]
+    # a lock on the deepest node: its SWA lock_ref is 1 (the window's nodes are locked)
+    leaf = held[-1]
+    lock = cache.lock(leaf)
+    assert core._node_arena[leaf].component_data[SWA].lock_ref == 1
+    assert core.demote_swa_lru([leaf]) == ["locked"]
+    cache.unlock(lock)
+    # an SWA eviction walk in progress (either sign of it): nothing moves
+    monkeypatch.setattr(swa, "is_evict_device_ongoing", True)
+    assert core.demote_swa_lru([first]) == ["evicting"]
+    monkeypatch.setattr(swa, "is_evict_device_ongoing", False)
+    monkeypatch.setitem(core._pending_internal_evictions, SWA, first)
+    assert core.demote_swa_lru([first]) == ["evicting"]
+    monkeypatch.delitem(core._pending_internal_evictions, SWA)
+    # a session-referenced node (the engine's session partition reads _is_referenced)
+    monkeypatch.setattr(lru, "_is_referenced", lambda node: node.id == held[0])
+    assert core.demote_swa_lru([held[0], held[2]]) == ["session", "moved"]
+    monkeypatch.setattr(lru, "_is_referenced", None)
+    # SWA evicted from a node: a tombstone, not in the LRU any more
+    victim = order()[-1]
+    cache.evict(EvictParams(num_tokens=0, swa_num_tokens=256))
+    assert core._node_arena[victim].component_data[SWA].value is None
+    assert core.demote_swa_lru([victim]) == ["tombstone"]
+    cache.sanity_check()
+    # a core without an SWA component (the method reads only that): every node a tombstone
+    assert ThinTreeCore.demote_swa_lru(types.SimpleNamespace(components_by_type={}), [1, 2]) == \
+        ["tombstone", "tombstone"]
