@@ -226,10 +226,29 @@ def run(name: str, jobs: int, fresh: bool, quiet: bool) -> int:
     return 0
 
 
-def show(name: str, mutant: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "mutmut", "show", mutant], cwd=scratch(name),
-                          env=child_env(), capture_output=True, text=True)
-    return proc.stdout.strip()
+SHOW = r"""
+import sys
+from mutmut.mutation.diff_apply import find_mutant, get_diff_for_mutant
+for name in sys.argv[1:]:
+    print("@@MUTANT " + name)
+    print(get_diff_for_mutant(name, path=find_mutant(name).path))
+"""
+
+
+def diffs(name: str, mutants: list[str]) -> dict[str, str]:
+    """mutmut's diff of each mutant, from one child interpreter in the module's scratch directory."""
+    if not mutants:
+        return {}
+    proc = subprocess.run([sys.executable, "-c", SHOW, *mutants], cwd=scratch(name), env=child_env(),
+                          capture_output=True, text=True)
+    out, cur = {}, None
+    for line in proc.stdout.splitlines():
+        if line.startswith("@@MUTANT "):
+            cur = line[len("@@MUTANT "):]
+            out[cur] = ""
+        elif cur is not None:
+            out[cur] += line + "\n"
+    return out
 
 
 def report(name: str, quiet: bool = False, seconds: float | None = None) -> tuple[int, int]:
@@ -239,12 +258,13 @@ def report(name: str, quiet: bool = False, seconds: float | None = None) -> tupl
     took = f" in {seconds:.0f} s" if seconds is not None else ""
     print(f"{name}: {killed} / {total} killed ({pct:.1f} %){took}" + (f"; {extra}" if extra else ""),
           flush=True)
+    status = results(name)
+    shown = {} if quiet else diffs(name, survivors)
     for m in survivors:
-        print(f"   survivor ({results(name)[m]}): {m}")
-        if not quiet:
-            for line in show(name, m).splitlines()[1:]:
-                if line.startswith(("+", "-")) and not line.startswith(("+++", "---")):
-                    print(f"      {line}")
+        print(f"   survivor ({status[m]}): {m}")
+        for line in shown.get(m, "").splitlines():
+            if line.startswith(("+", "-")) and not line.startswith(("+++", "---")):
+                print(f"      {line}")
     return killed, total
 
 
