@@ -217,6 +217,8 @@ def test_receipt_line_every_1024_inserts(install_adapters, caplog, monkeypatch):
     lines = [r.getMessage() for r in caplog.records if "hooked inserts" in r.getMessage()]
     counts = swa_thin.summary()
     assert len(lines) == counts["hooked_inserts"] // 4 == 3
+    # at the 4th, 8th and 12th insert (not the 1st, 5th, 9th)
+    assert [ln.split(" hooked inserts")[0].rsplit(" ", 1)[1] for ln in lines] == ["4", "8", "12"]
     assert "moved to the evict-first end" in lines[0] and "kept" in lines[0]
     assert counts["checkpoints_passed"] == 10 and counts["nodes_moved"] > 0
 
@@ -403,3 +405,152 @@ def test_demote_binding_answers_each_node_and_moves_in_order(install_adapters, m
     # a core without an SWA component (the method reads only that): every node a tombstone
     assert ThinTreeCore.demote_swa_lru(types.SimpleNamespace(components_by_type={}), [1, 2]) == \
         ["tombstone", "tombstone"]
+
+
+# ---- the move rule's edges, called directly (found by bench/mutation.py) ---------------------
+
+def _fallbacks():
+    from adapter import swa_thin
+
+    return {k[len("fallback:"):]: v for k, v in swa_thin.counts().items() if k.startswith("fallback:")}
+
+
+GONE = "lock node left the tree during the insert; order unchanged"
+
+
+def test_the_hook_passes_the_engines_arguments_and_needs_no_lock():
+    """The checkpoint hook calls the engine's checkpoint_into_tree with every argument and returns
+    its result; a request without a lock (none yet, or no attribute) is counted, nothing moved."""
+    import types
+
+    from adapter import swa_thin
+
+    swa_thin.reset_counts()
+    seen = []
+    cache = types.SimpleNamespace(tree_core=types.SimpleNamespace(is_root=lambda i: False))
+    for req in (types.SimpleNamespace(last_node=5), types.SimpleNamespace(lock=None, last_node=5)):
+        out = swa_thin._checkpoint_into_tree(lambda *a, **k: seen.append((a, k)) or "result",
+                                             cache, req, "x", k=1)
+        assert out == "result" and seen[-1] == ((cache, req, "x"), {"k": 1})
+    c = swa_thin.counts()
+    assert c["hooked_inserts"] == 2 and c["checkpoints_passed"] == 0 and not _fallbacks()
+
+
+class _Node:
+    def __init__(self, n, parent):
+        self.key, self.parent = [0] * n, parent
+
+
+@pytest.mark.parametrize("span, depth", [(257, 2), (512, 2), (513, 3), (10_000, 3)])
+def test_window_nodes_cover_the_span_and_stop_at_the_root(span, depth):
+    import types
+
+    from adapter import swa_thin
+
+    root = _Node(0, None)
+    chain = [root]
+    for _ in range(3):
+        chain.append(_Node(256, chain[-1]))
+    core = types.SimpleNamespace(root_node=root)
+    assert swa_thin._window_nodes(core, chain[-1], span) == chain[:-depth - 1:-1]
+
+
+def _stand_in_cache(core, window=128, **kw):
+    import types
+
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+    return types.SimpleNamespace(tree_core=core, disable=kw.get("disable", False),
+                                 is_swa_enabled=kw.get("is_swa_enabled", True),
+                                 components={ComponentType.SWA: types.SimpleNamespace(
+                                     sliding_window_size=window)})
+
+
+def test_the_binding_path_counts_every_node_and_calls_only_with_nodes_to_move():
+    """Through a core's demote_swa_lru (tests/test_swa_thin_core.py's stand-in core: a chain of
+    256-token nodes, no Python nodes): kept and moved counted per node, the binding not called
+    when nothing was passed, a disabled or SWA-less cache left alone."""
+    from adapter import swa_thin
+    from test_swa_thin_core import StandInCore
+
+    swa_thin.reset_counts()
+    # window 640 + page 256: four nodes. Old 6 (6..3), new 7 (7..4): 6, 5, 4 kept, 3 moved.
+    core = StandInCore(depth=12, swa=set(range(1, 13)), outcomes={})
+    cache = _stand_in_cache(core, window=640)
+    assert swa_thin.move_passed_checkpoint(cache, 6, 7) == (1, 3)
+    assert core.calls == [[3]] and swa_thin.counts()["kept:in-new-window"] == 3
+    # old 6, new 10: all four passed; two locked
+    core.outcomes = {5: "locked", 3: "locked"}
+    assert swa_thin.move_passed_checkpoint(cache, 6, 10) == (2, 2)
+    assert core.calls[-1] == [6, 5, 4, 3] and swa_thin.counts()["kept:locked"] == 2
+    # old 1 (its window stops at the root), new 2 (2, 1): nothing passed, no call
+    assert swa_thin.move_passed_checkpoint(cache, 1, 2) == (0, 1)
+    assert len(core.calls) == 2
+    # window 1 + page 256 = 257 tokens: two nodes (the first covers 256 < 257)
+    core = StandInCore(depth=12, swa=set(range(1, 13)), outcomes={})
+    assert swa_thin.move_passed_checkpoint(_stand_in_cache(core, window=1), 6, 12) == (2, 0)
+    assert core.calls == [[6, 5]]
+    # window 256 + page 256 = 512 tokens: exactly two nodes
+    core = StandInCore(depth=12, swa=set(range(1, 13)), outcomes={})
+    assert swa_thin.move_passed_checkpoint(_stand_in_cache(core, window=256), 6, 12) == (2, 0)
+    assert core.calls == [[6, 5]]
+    # a lock node that left the tree: the fallback, nothing called
+    assert swa_thin.move_passed_checkpoint(_stand_in_cache(core), 6, 99) == (0, 0)
+    assert _fallbacks() == {GONE: 1} and len(core.calls) == 1
+    for off in ({"disable": True}, {"is_swa_enabled": False}):
+        assert swa_thin.move_passed_checkpoint(_stand_in_cache(core, **off), 6, 12) == (0, 0)
+    assert len(core.calls) == 1
+
+
+def test_a_core_with_neither_binding_nor_python_lru_keeps_the_engines_order():
+    import types
+
+    from adapter import swa_thin
+
+    swa_thin.reset_counts()
+    core = types.SimpleNamespace(root_node=None)
+    assert swa_thin.move_passed_checkpoint(_stand_in_cache(core), 6, 7) == (0, 0)
+    assert _fallbacks() == {"tree core SimpleNamespace has no Python SWA LRU; SWA eviction order "
+                            "left to the engine": 1}
+
+
+def test_window_ids_read_python_nodes_where_the_core_has_them(install_adapters, monkeypatch):
+    """thin's core has Python nodes: the window is walked on them (collect_path_info, the path
+    for cores without, is not called)."""
+    from adapter import swa_thin
+
+    install_adapters(THIN)
+    cpu = _build(backend="rust")
+    _two_sessions(cpu)
+    core = cpu.cache.tree_core
+    assert type(core).__name__ == "ThinTreeCore"
+    leaf = max(core._node_arena)
+    want = [n.id for n in swa_thin._window_nodes(core, core.node_by_id(leaf), 384)]
+    monkeypatch.setattr(core, "collect_path_info", lambda ids: pytest.fail("read paths"), raising=False)
+    assert swa_thin._window_ids(core, leaf, 384) == want and want
+
+
+def test_python_core_moves_the_lrus_only_node_and_reports_a_gone_lock_node(install_adapters, monkeypatch):
+    """The engine's Python core (thin's own core off): relinking the only node of the SWA LRU
+    (the list is empty after its removal: insert_mru), and a lock node that left the tree."""
+    from adapter import swa_thin
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+    monkeypatch.setattr(swa_thin, "OWN_CORE", False)
+    install_adapters(THIN)
+    swa_thin.reset_counts()
+    cpu = _build()
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    cpu.cache.insert(InsertParams(key=RadixKey(array("q", range(1, 257))), value=cpu.alloc(256)))
+    core = cpu.cache.tree_core
+    assert type(core).__name__ == "UnifiedTreeCore"
+    lru = core.lru_lists[ComponentType.SWA]
+    (only,) = lru.cache.values()
+    swa_thin._to_evict_first_end(lru, only)
+    assert lru.cache == {only.id: only} and lru.tail.lru_prev[lru._pt] is only
+    assert lru.head.lru_next[lru._pt] is only
+    assert swa_thin.move_passed_checkpoint(cpu.cache, 10 ** 9, only.id) == (0, 0)
+    assert _fallbacks() == {GONE: 1}
+    cpu.cache.sanity_check()
