@@ -5,6 +5,7 @@
     python bench/mutation.py --list               # the modules, their scope and test selection
     python bench/mutation.py --report keys        # the score of the last run, without running
     python bench/mutation.py --fresh swa_cone     # forget earlier results of that module first
+    python bench/mutation.py --survivors keys     # re-run only survivors and unchecked mutants
 
 Needs mutmut (pinned in requirements/test-tools.lock, with libcst and coverage) in the
 interpreter that runs this script. Each module runs in its own scratch directory,
@@ -206,10 +207,18 @@ def child_env() -> dict:
     return env
 
 
-def run(name: str, jobs: int, fresh: bool, quiet: bool) -> int:
-    d = prepare(name, fresh)
+def run(name: str, jobs: int, fresh: bool, quiet: bool, survivors: bool = False) -> int:
+    # survivors and the mutants a stopped run did not reach
+    again = sorted(k for k, v in results(name).items() if v not in ("killed", "timeout", "skipped")) \
+        if survivors else []
+    if survivors and not again:
+        report(name, quiet)
+        return 0
+    d = prepare(name, fresh and not survivors)
     cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs)]
-    if MODULES[name]["scope"] != ["*"]:      # only the decision functions' mutants run
+    if again:                                # mutmut re-runs the mutants it is given by name
+        cmd += again
+    elif MODULES[name]["scope"] != ["*"]:    # only the decision functions' mutants run
         cmd += [mutant_pattern(e) for e in MODULES[name]["scope"]]
     log = d / "run.log"
     print(f"== {name}: {MODULES[name]['what']}", flush=True)
@@ -274,6 +283,8 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="mutmut workers (default 1: shared machine)")
     ap.add_argument("--fresh", action="store_true", help="forget the module's earlier results first")
     ap.add_argument("--report", action="store_true", help="print the last run's scores only")
+    ap.add_argument("--survivors", action="store_true",
+                    help="re-run only the last run's survivors and unchecked mutants")
     ap.add_argument("--quiet", action="store_true", help="survivor names without their diffs")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--min", type=float, default=None, help="exit 1 if a module scores below this %%")
@@ -295,7 +306,7 @@ def main(argv=None) -> int:
         if a.report:
             killed, total = report(n, a.quiet)
         else:
-            if run(n, a.jobs, a.fresh, a.quiet):
+            if run(n, a.jobs, a.fresh, a.quiet, a.survivors):
                 return 2
             killed, total, _, _ = score(n)
         if a.min is not None and (not total or 100.0 * killed / total < a.min):

@@ -554,3 +554,58 @@ def test_python_core_moves_the_lrus_only_node_and_reports_a_gone_lock_node(insta
     assert swa_thin.move_passed_checkpoint(cpu.cache, 10 ** 9, only.id) == (0, 0)
     assert _fallbacks() == {GONE: 1}
     cpu.cache.sanity_check()
+
+
+def test_python_core_path_keeps_by_reason(install_adapters, monkeypatch):
+    """The engine's Python core (thin's own core off): a passed window's nodes kept per reason
+    (in the new window, an SWA eviction walk in progress, locked, session-referenced), counted
+    once each; a tombstone is skipped, the nodes after it still move."""
+    from adapter import swa_thin
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+    monkeypatch.setattr(swa_thin, "OWN_CORE", False)
+    install_adapters(THIN)
+    cpu = _build()
+    cache = cpu.cache
+    core = cache.tree_core
+    assert type(core).__name__ == "UnifiedTreeCore"
+    ids = []
+    for pages in (1, 2, 3, 4, 5):                     # a chain of five 256-token nodes
+        tokens = list(range(1, pages * 256 + 1))
+        cache.insert(InsertParams(key=RadixKey(array("q", tokens)), value=cpu.alloc(len(tokens))))
+        ids.append(max(i for i in core._node_arena if i not in ids and core._node_arena[i] is not core.root_node))
+    n1, n2, n3, n4, n5 = ids
+    swa = core.components_by_type[ComponentType.SWA]
+    lru = core.lru_lists[ComponentType.SWA]
+
+    def counts():
+        return {k: v for k, v in swa_thin.counts().items() if k.startswith("kept:")}
+
+    # window 128 + page 256: two nodes. old n3 (n3, n2), new n4 (n4, n3): n3 kept, n2 moved
+    swa_thin.reset_counts()
+    assert swa_thin.move_passed_checkpoint(cache, n3, n4) == (1, 1)
+    assert counts() == {"kept:in-new-window": 1}
+    swa_thin.reset_counts()
+    monkeypatch.setattr(swa, "is_evict_device_ongoing", True)
+    assert swa_thin.move_passed_checkpoint(cache, n3, n5) == (0, 2)
+    assert counts() == {"kept:evicting": 2}
+    monkeypatch.setattr(swa, "is_evict_device_ongoing", False)
+    swa_thin.reset_counts()
+    lock = cache.lock(n3)                       # SWA-locks the window of n3: n3 itself
+    assert swa_thin.move_passed_checkpoint(cache, n3, n5) == (1, 1)
+    assert counts() == {"kept:locked": 1}
+    cache.unlock(lock)
+    swa_thin.reset_counts()
+    monkeypatch.setattr(lru, "_is_referenced", lambda node: node.id == n2)
+    assert swa_thin.move_passed_checkpoint(cache, n3, n5) == (1, 1)
+    assert counts() == {"kept:session": 1}
+    monkeypatch.setattr(lru, "_is_referenced", None)
+    # n3 tombstoned (moved to the evict-first end, then one SWA page evicted): skipped, n2 moves
+    swa_thin._to_evict_first_end(lru, core._node_arena[n3])
+    cache.evict(EvictParams(num_tokens=0, swa_num_tokens=256))
+    assert core._node_arena[n3].component_data[ComponentType.SWA].value is None
+    swa_thin.reset_counts()
+    assert swa_thin.move_passed_checkpoint(cache, n3, n5) == (1, 0)
+    cache.sanity_check()
