@@ -655,3 +655,77 @@ def test_dllm_and_pipeline_parallel_keep_the_stock_interval(pp1, monkeypatch, at
     arm_hook(lambda self, b: None, s, _extend_batch([p]))
     assert _dy_state(s) is None
     assert receipts.counters[dy.NAME][f"fallback:{reason}"] == 1
+
+
+def test_cost_functions_exact_values():
+    """Integer arithmetic at values where a changed divisor or operand shows."""
+    assert dy.chunk_cost_us(1000, 500) == 65_000 + 277          # 1e6 pairs x 277 ps = 277 us
+    m = dy.CostModel(1, 2_000, 1_000_000, 0, 0, 0)
+    # 1 + (1000 x 2 us + 1000 x (500 + 500) pairs x 1 us) + (10 x 2 us + 10 x 5 pairs x 1 us)
+    assert dy.pass_cost_us([1000, 10], [500, 0], m) == 1 + (2_000 + 1_000_000) + (20 + 50)
+    assert dy.pass_cost_us([], [], m) == 1
+
+
+def test_deferral_counts_ends_and_passes_arguments(pp1, caplog):
+    """_should_defer_prefill while armed: True until the planned steps ran (then disarmed), an
+    early end per reason (counted, logged in the prompt's receipt line), the engine's method
+    called with every argument on every path; a second prompt after the first one's line."""
+    _, arm_hook, next_hook, defer_hook = _hooks({KEY: "50"})
+    p, q = _r("p"), _r("q")
+    s = _sched(p)
+    batch = _extend_batch([p])
+    seen = []
+
+    def engine(self, rb, *args, **kwargs):
+        seen.append((self, rb, args, kwargs))
+        return "stock"
+
+    rb = types.SimpleNamespace(batch_size=lambda: 1)
+    assert defer_hook(engine, s, rb, "z", k=3) == "stock"            # not armed: the engine alone
+    assert seen.pop() == (s, rb, ("z",), {"k": 3})
+    got = []
+    arm_hook(lambda self, b: None, s, batch)
+    assert next_hook(lambda self, *a, **k: got.append((a, k)) or _plan(batch, [q]), s, "y", k=2)
+    assert got == [(("y",), {"k": 2})]
+    left = dy.decisions(s)["left"]
+    c = receipts.counters[dy.NAME]
+    assert c["chunks_yielded"] == 1 and c["steps_planned"] == left > 1
+    for _ in range(left):                    # one row, min_bs 0: every planned step defers
+        assert defer_hook(engine, s, rb, "z", k=3) is True
+    assert seen == [(s, rb, ("z",), {"k": 3})] * left and c["steps_deferred"] == left
+    assert dy.decisions(s) == {"armed": False, "left": 0, "rid": None}
+    # the next chunk: armed again, both counters add up; the rows finish at once (twice)
+    arm_hook(lambda self, b: None, s, batch)
+    next_hook(lambda self: _plan(batch, [q]), s)
+    assert c["chunks_yielded"] == 2 and c["steps_planned"] == 2 * left
+    gone = types.SimpleNamespace(batch_size=lambda: 0)
+    seen.clear()
+    assert defer_hook(engine, s, gone, "z", k=3) == "stock"
+    assert seen == [(s, gone, ("z",), {"k": 3})] and c["ended_early_streams_finished"] == 1
+    assert dy.decisions(s) == {"armed": False, "left": 0, "rid": None}
+    arm_hook(lambda self, b: None, s, batch)
+    next_hook(lambda self: _plan(batch, [q]), s)
+    assert defer_hook(engine, s, gone) == "stock" and c["ended_early_streams_finished"] == 2
+    # min_bs 2 with 2 rows still defers
+    s.prefill_decode_interval_min_bs = 2
+    arm_hook(lambda self, b: None, s, batch)
+    next_hook(lambda self: _plan(batch, [q, _r("q2")]), s)
+    assert defer_hook(engine, s, types.SimpleNamespace(batch_size=lambda: 2)) is True
+    # p leaves chunked prefill: its line, then q is a chunked prompt of its own
+    s.chunked_req = q
+    with caplog.at_level(logging.INFO, logger=receipts.LOGGER_NAME):
+        assert defer_hook(engine, s, rb) == "stock" and c["ended_early_chunked_req_gone"] == 1
+        arm_hook(lambda self, b: None, s, _extend_batch([q]))
+    line = [m for m in (r.getMessage() for r in caplog.records) if "rid=p left chunked prefill" in m]
+    assert line and line[0].endswith(f"rid=p left chunked prefill: 4 chunks yielded, "
+                                     f"{c['steps_planned']} decode steps planned, {left + 1} run, "
+                                     "3 ended early")
+    assert _dy_state(s).cand_req is q
+    assert not [k for k in c if k.startswith("fallback:")]
+
+
+def test_installed_line_states_the_share():
+    line, *_ = _hooks({KEY: "33"})
+    assert line.startswith("DSV41_DECODE_YIELD=33: after a non-final chunk with decode rows running, "
+                           "the next chunk waits ceil(33/67 x chunk cost / decode step cost) decode "
+                           "steps (>= --prefill-decode-interval, <= 128)")
