@@ -721,6 +721,8 @@ def test_deferral_counts_ends_and_passes_arguments(pp1, caplog):
                                      f"{c['steps_planned']} decode steps planned, {left + 1} run, "
                                      "3 ended early")
     assert _dy_state(s).cand_req is q
+    next_hook(lambda self: _plan(_extend_batch([q]), [p, _r("q2")]), s)
+    assert dy.decisions(s)["rid"] == "q" and _dy_state(s).log[:2] == [q, 1]
     assert not [k for k in c if k.startswith("fallback:")]
 
 
