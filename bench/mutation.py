@@ -83,20 +83,16 @@ MODULES: dict[str, dict] = {
         ],
     },
     "swa_cone": {
-        "what": "cone's plan / floor (candidate, admission, commit, plan store, copy / mask / floor "
-                "of the first pass, TP verdict)",
+        "what": "cone's plan / floor (the candidate's s and F, the admission's coverage check, the "
+                "commit, which rows get the copy / mask / floor and the floor itself)",
         "files": ["adapter/swa_cone.py"],
+        # Not in scope: the plan store, aborts and the TP verdict (failure handling), install's
+        # wiring, the TEST-only copy check (tested in tests/test_swa_cone_failure.py, not measured).
         "scope": [
-            "adapter.swa_cone:Cone.match_prefix", "adapter.swa_cone:Cone.candidate",
-            "adapter.swa_cone:Cone.add_one_req", "adapter.swa_cone:Cone.select_admission",
-            "adapter.swa_cone:Cone._commit", "adapter.swa_cone:Cone._store",
-            "adapter.swa_cone:Cone._take", "adapter.swa_cone:Cone._drop",
-            "adapter.swa_cone:Cone._abort", "adapter.swa_cone:Cone.build_forward_metadata",
-            "adapter.swa_cone:Cone.init_prefill_metadata", "adapter.swa_cone:Cone.apply",
-            "adapter.swa_cone:Cone._prepare", "adapter.swa_cone:Cone._agree",
-            "adapter.swa_cone:Plan.*", "adapter.swa_cone:forward_side",
+            "adapter.swa_cone:Cone.candidate", "adapter.swa_cone:Cone.select_admission",
+            "adapter.swa_cone:Cone._commit", "adapter.swa_cone:Cone.apply",
+            "adapter.swa_cone:Cone._prepare", "adapter.swa_cone:Cone.init_prefill_metadata",
             "adapter.swa_cone:_pad_to", "adapter.swa_cone:_path_len",
-            "adapter.swa_cone:_swap_in", "adapter.swa_cone:_restore",
         ],
         # tests/test_swa_cone_forward.py is left out for its cost (its harness builds the
         # engine's DSV4 backend, ~20 s per worker, and each negative control runs 10-17 s);
