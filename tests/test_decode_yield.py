@@ -632,7 +632,9 @@ def test_an_exception_of_the_yield_is_contained_and_drops_its_state(pp1, monkeyp
         monkeypatch.setattr(dy, "step_cost_us", lambda *a: 1 / 0)
     assert next_hook(lambda self: _plan(batch, [_r("q")]), s) is not None
     rb = types.SimpleNamespace(batch_size=lambda: 1 / 0 if where == "defer" else 1)
-    assert defer_hook(lambda self, b: "stock", s, rb) == "stock"
+    seen = []
+    assert defer_hook(lambda *a, **k: seen.append((a, k)) or "stock", s, rb, "z", k=3) == "stock"
+    assert seen == [((s, rb, "z"), {"k": 3})]               # the engine's method, its arguments
     st = _dy_state(s)
     if st is not None:
         assert (st.cand_req, st.cand_cost, st.req, st.left, st.log) == (None, 0, None, 0, None)
