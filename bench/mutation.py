@@ -178,7 +178,15 @@ def results(name: str) -> dict[str, str]:
         meta = d / (f + ".meta")
         if not meta.exists():
             continue
-        for key, code in json.loads(meta.read_text())["exit_code_by_key"].items():
+        for _ in range(20):              # a running mutmut rewrites the file: read a whole one
+            try:
+                codes = json.loads(meta.read_text())["exit_code_by_key"]
+                break
+            except json.JSONDecodeError:
+                time.sleep(0.2)
+        else:
+            raise RuntimeError(f"{meta}: not readable as JSON")
+        for key, code in codes.items():
             if in_scope(name, key):
                 out[key] = STATUS.get(code, "suspicious")
     return out
