@@ -28,6 +28,7 @@ import logging
 import pathlib
 import re
 import time
+import types
 
 import pytest
 from hypothesis import given, settings
@@ -555,3 +556,289 @@ def test_calibrate_fit_recovers_either_shape():
         assert r["rms_rel_residual"] < 0.01
         pair, sq = r["coef"][2] * 1e12, r["coef"][3] * 1e12
         assert abs(pair - want[0]) <= 0.01 * want[0] and abs(sq - want[1]) <= 0.01 * max(want[0], 1)
+
+
+# --- the hooks' decisions, called directly ---------------------------------------------------
+# install() through the installer's real InstallContext; the three hooks are then called with
+# a scheduler / batch / plan holding only the attributes the hooks read (each hook calls the
+# engine's method first, recorded here), so every branch of the planner is reached, including
+# the mixed-chunk rows and a fitted cost model (found by bench/mutation.py).
+
+MODEL = "0,0,26766,1048,1388,576320"        # docs/decode_yield.md's fitted example
+
+
+class _Mode:
+    def __init__(self, extend):
+        self.extend = extend
+
+    def is_extend(self):
+        return self.extend
+
+
+def _r(rid, seqlen=1000):
+    return types.SimpleNamespace(rid=rid, seqlen=seqlen)
+
+
+def _hooks(env):
+    from adapter import installer, keys
+
+    receipts.forget(dy.NAME)
+    ctx = installer.InstallContext(dy.NAME, keys.parse_env(env))
+    line = dy.install(ctx)
+    by = {target.rsplit(".", 1)[1]: hook for target, hook in ctx.hooks.items()}
+    return line, by["_arm_prefill_decode_interval"], by["get_next_batch_to_run"], \
+        by["_should_defer_prefill"]
+
+
+def _sched(chunked, min_bs=0, interval=1):
+    return types.SimpleNamespace(chunked_req=chunked, require_mlp_sync=False, dllm_config=None,
+                                 prefill_decode_interval_min_bs=min_bs,
+                                 prefill_decode_interval=interval)
+
+
+def _extend_batch(reqs, extend=(4096,), prefix=(8192,), mode=True, decoding=None):
+    return types.SimpleNamespace(reqs=list(reqs), forward_mode=_Mode(mode), extend_lens=list(extend),
+                                 prefix_lens=list(prefix), decoding_reqs=decoding)
+
+
+def _plan(batch, rows):
+    return types.SimpleNamespace(batch_to_run=batch, running_batch=types.SimpleNamespace(reqs=list(rows)))
+
+
+@pytest.fixture
+def pp1(monkeypatch):
+    """The published topology the yield reads (pp_size): one pipeline stage."""
+    import sglang.srt.runtime_context as rc
+
+    monkeypatch.setattr(rc, "get_parallel", lambda: types.SimpleNamespace(pp_size=1))
+    return rc
+
+
+def _armed_steps(env, rows, decoding=None, min_bs=0):
+    """Note a candidate, run get_next_batch_to_run: the steps armed (0: not armed)."""
+    _, arm_hook, next_hook, _ = _hooks(env)
+    p = _r("p")
+    s = _sched(p, min_bs=min_bs)
+    batch = _extend_batch([p], decoding=decoding)
+    arm_hook(lambda self, b: None, s, batch)
+    next_hook(lambda self: _plan(batch, rows), s)
+    return dy.decisions(s)["left"]
+
+
+def test_cost_model_values_and_install_lines():
+    assert dy.CLUSTER.value() == "20000,65000,277,60000,3000,52000"
+    assert dy.step_cost_us(1, 10 ** 6) == 60_000 + 3_000 + 52_000
+    assert dy.chunk_cost_us(0, 100) == 0 and dy.chunk_cost_us(-1, 100) == 0
+    assert dy.chunk_cost_us(1, 0) == 65                          # 1 token: 65 us, no pair term
+    assert dy.chunk_cost_us(2, 0) == 130                         # pairs 2 x 1: 554 ps, floored
+    with pytest.raises(ValueError, match=r"^DSV41_DECODE_YIELD=0: out of range 1\.\.99$"):
+        dy.yield_steps(0, 1000, 1000, 1)
+    line, *_ = _hooks({KEY: "33"})
+    assert line.endswith("cost model: cluster constants 20000,65000,277,60000,3000,52000 "
+                         "(DSV41_DECODE_YIELD_MODEL unset)")
+    line, *_ = _hooks({KEY: "33", dy.MODEL_KEY: MODEL})
+    assert line.endswith(f"cost model: DSV41_DECODE_YIELD_MODEL={MODEL} (fitted)")
+
+
+@pytest.mark.parametrize("pct, ok", [(0, False), (1, True), (99, True), (100, False), (None, False)])
+def test_install_refuses_a_share_outside_1_to_99(pct, ok):
+    """keys.py refuses these at parse time; install() checks again (a ctx built otherwise)."""
+    from adapter import installer, keys
+
+    ctx = installer.InstallContext(dy.NAME, keys.parse_env({}))
+    ctx.settings = types.SimpleNamespace(get=lambda name: pct if name == KEY else None)
+    if ok:
+        assert dy.install(ctx).startswith(f"{KEY}={pct}: ")
+    else:
+        with pytest.raises(ValueError, match=rf"^{KEY}={pct!r}: expected 1\.\.99$"):
+            dy.install(ctx)
+
+
+def test_a_fitted_model_plans_the_steps(pp1):
+    model = dy.CostModel(*map(int, MODEL.split(",")))
+    rows = [_r("s0", 3000), _r("s1", 5000)]
+    want = dy.yield_steps(50, dy.pass_cost_us([4096], [8192], model),
+                          dy.step_cost_us(2, 8000, model), 1)
+    cluster = dy.yield_steps(50, dy.pass_cost_us([4096], [8192]), dy.step_cost_us(2, 8000), 1)
+    assert want != cluster
+    assert _armed_steps({KEY: "50", dy.MODEL_KEY: MODEL}, rows) == want
+    assert _armed_steps({KEY: "50"}, rows) == cluster
+
+
+def test_rows_count_the_mixed_chunk_decoding_requests_and_min_bs(pp1):
+    env = {KEY: "50"}
+    one = [_r("s0")]
+    assert _armed_steps(env, one) > 0                               # one row: max(1, 0) rows
+    assert _armed_steps(env, one, min_bs=2) == 0                    # too few rows: a lone chunk
+    assert _armed_steps(env, one, decoding=[_r("m0")], min_bs=2) > 0   # + the mixed-chunk row
+    assert receipts.counters[dy.NAME]["lone_chunks"] == 0           # (counters of the last run)
+    with_mixed = dy.yield_steps(50, dy.pass_cost_us([4096], [8192]), dy.step_cost_us(2, 2000), 1)
+    assert _armed_steps(env, one, decoding=[_r("m0")]) == with_mixed
+
+
+def test_candidate_rules_and_what_reaches_the_engine(pp1):
+    """Only an extend pass carrying the scheduler's chunked request notes a candidate; the
+    engine's methods get every argument and their answers are returned."""
+    _, arm_hook, next_hook, defer_hook = _hooks({KEY: "50"})
+    p, q = _r("p"), _r("q")
+    calls = []
+
+    def engine(*args, **kwargs):
+        calls.append((args[2:], kwargs))
+        return "engine's answer"
+
+    for sched, batch in ((_sched(None), _extend_batch([p])),            # no chunked request
+                         (_sched(p), None),                              # no batch
+                         (_sched(p), _extend_batch([q])),                # chunked not in the batch
+                         (_sched(p), _extend_batch([p], mode=False))):   # not an extend pass
+        assert arm_hook(engine, sched, batch, "x", k=1) == "engine's answer"
+        assert dy.decisions(sched) == {"armed": False, "left": 0}
+        assert _dy_state(sched) is None
+    assert calls == [(("x",), {"k": 1})] * 4
+    assert not [k for k in receipts.counters[dy.NAME] if k.startswith("fallback:")]
+    # a candidate: noted, not armed yet (decisions say so), the engine's deferral answers alone
+    s = _sched(p)
+    batch = _extend_batch([p])
+    arm_hook(lambda self, b: None, s, batch)
+    st = _dy_state(s)
+    assert st.cand_req is p and st.cand_cost == dy.pass_cost_us([4096], [8192])
+    assert (st.req, st.left, st.log) == (None, 0, None)
+    assert dy.decisions(s) == {"armed": False, "left": 0, "rid": None}
+    rb = types.SimpleNamespace(batch_size=lambda: 2)
+    assert defer_hook(lambda self, b, *a, **k: "stock", s, rb) == "stock"
+    assert not any(receipts.counters[dy.NAME].values())
+    # the plan ran another batch, another chunked request, or without p: not armed
+    for plan, chunked in ((_plan(None, [q]), p), (_plan(batch, [q]), q),
+                          (_plan(_extend_batch([q]), [q]), p)):
+        arm_hook(lambda self, b: None, s, batch)
+        s.chunked_req = chunked
+        assert next_hook(lambda self, *a, **k: plan, s, "y", k=2) is plan
+        assert (st.cand_req, st.cand_cost, st.req) == (None, 0, None)
+        s.chunked_req = p
+    # armed: the deferral calls the engine's method (its counter runs) and answers True
+    arm_hook(lambda self, b: None, s, batch)
+    next_hook(lambda self: _plan(batch, [q]), s)
+    assert dy.decisions(s) == {"armed": True, "left": st.left, "rid": "p"} and st.left > 1
+    seen = []
+    assert defer_hook(lambda self, b, *a, **k: seen.append((a, k)) or False, s, rb, "z", k=3) is True
+    assert seen == [(("z",), {"k": 3})]
+
+
+def _dy_state(sched):
+    return sched.__dict__.get(dy._STATE)
+
+
+@pytest.mark.parametrize("where", ["note", "arm", "defer"])
+def test_an_exception_of_the_yield_is_contained_and_drops_its_state(pp1, monkeypatch, where):
+    _, arm_hook, next_hook, defer_hook = _hooks({KEY: "50"})
+    p = _r("p")
+    s = _sched(p)
+    batch = _extend_batch([p])
+    if where == "note":
+        monkeypatch.setattr(dy, "pass_cost_us", lambda *a: 1 / 0)
+    arm_hook(lambda self, b: None, s, batch)
+    if where == "arm":
+        monkeypatch.setattr(dy, "step_cost_us", lambda *a: 1 / 0)
+    assert next_hook(lambda self: _plan(batch, [_r("q")]), s) is not None
+    rb = types.SimpleNamespace(batch_size=lambda: 1 / 0 if where == "defer" else 1)
+    seen = []
+    assert defer_hook(lambda *a, **k: seen.append((a, k)) or "stock", s, rb, "z", k=3) == "stock"
+    assert seen == [((s, rb, "z"), {"k": 3})]               # the engine's method, its arguments
+    st = _dy_state(s)
+    if st is not None:
+        assert (st.cand_req, st.cand_cost, st.req, st.left, st.log) == (None, 0, None, 0, None)
+    assert receipts.counters[dy.NAME]["fallback:internal error (ZeroDivisionError); yield state "
+                                      "dropped, stock interval kept"] == 1
+
+
+@pytest.mark.parametrize("attr, value, reason", [
+    ("dllm_config", object(), "dLLM scheduler: no _should_defer_prefill path; stock behaviour kept"),
+    ("pp_size", 2, "pipeline parallelism: the chunked prompt spans micro-batches; stock interval kept"),
+])
+def test_dllm_and_pipeline_parallel_keep_the_stock_interval(pp1, monkeypatch, attr, value, reason):
+    _, arm_hook, _, _ = _hooks({KEY: "50"})
+    p = _r("p")
+    s = _sched(p)
+    if attr == "pp_size":
+        monkeypatch.setattr(pp1, "get_parallel", lambda: types.SimpleNamespace(pp_size=value))
+    else:
+        setattr(s, attr, value)
+    arm_hook(lambda self, b: None, s, _extend_batch([p]))
+    assert _dy_state(s) is None
+    assert receipts.counters[dy.NAME][f"fallback:{reason}"] == 1
+
+
+def test_cost_functions_exact_values():
+    """Integer arithmetic at values where a changed divisor or operand shows."""
+    assert dy.chunk_cost_us(1000, 500) == 65_000 + 277          # 1e6 pairs x 277 ps = 277 us
+    m = dy.CostModel(1, 2_000, 1_000_000, 0, 0, 0)
+    # 1 + (1000 x 2 us + 1000 x (500 + 500) pairs x 1 us) + (10 x 2 us + 10 x 5 pairs x 1 us)
+    assert dy.pass_cost_us([1000, 10], [500, 0], m) == 1 + (2_000 + 1_000_000) + (20 + 50)
+    assert dy.pass_cost_us([], [], m) == 1
+
+
+def test_deferral_counts_ends_and_passes_arguments(pp1, caplog):
+    """_should_defer_prefill while armed: True until the planned steps ran (then disarmed), an
+    early end per reason (counted, logged in the prompt's receipt line), the engine's method
+    called with every argument on every path; a second prompt after the first one's line."""
+    _, arm_hook, next_hook, defer_hook = _hooks({KEY: "50"})
+    p, q = _r("p"), _r("q")
+    s = _sched(p)
+    batch = _extend_batch([p])
+    seen = []
+
+    def engine(self, rb, *args, **kwargs):
+        seen.append((self, rb, args, kwargs))
+        return "stock"
+
+    rb = types.SimpleNamespace(batch_size=lambda: 1)
+    assert defer_hook(engine, s, rb, "z", k=3) == "stock"            # not armed: the engine alone
+    assert seen.pop() == (s, rb, ("z",), {"k": 3})
+    got = []
+    arm_hook(lambda self, b: None, s, batch)
+    assert next_hook(lambda self, *a, **k: got.append((a, k)) or _plan(batch, [q]), s, "y", k=2)
+    assert got == [(("y",), {"k": 2})]
+    left = dy.decisions(s)["left"]
+    c = receipts.counters[dy.NAME]
+    assert c["chunks_yielded"] == 1 and c["steps_planned"] == left > 1
+    for _ in range(left):                    # one row, min_bs 0: every planned step defers
+        assert defer_hook(engine, s, rb, "z", k=3) is True
+    assert seen == [(s, rb, ("z",), {"k": 3})] * left and c["steps_deferred"] == left
+    assert dy.decisions(s) == {"armed": False, "left": 0, "rid": None}
+    # the next chunk: armed again, both counters add up; the rows finish at once (twice)
+    arm_hook(lambda self, b: None, s, batch)
+    next_hook(lambda self: _plan(batch, [q]), s)
+    assert c["chunks_yielded"] == 2 and c["steps_planned"] == 2 * left
+    gone = types.SimpleNamespace(batch_size=lambda: 0)
+    seen.clear()
+    assert defer_hook(engine, s, gone, "z", k=3) == "stock"
+    assert seen == [(s, gone, ("z",), {"k": 3})] and c["ended_early_streams_finished"] == 1
+    assert dy.decisions(s) == {"armed": False, "left": 0, "rid": None}
+    arm_hook(lambda self, b: None, s, batch)
+    next_hook(lambda self: _plan(batch, [q]), s)
+    assert defer_hook(engine, s, gone) == "stock" and c["ended_early_streams_finished"] == 2
+    # min_bs 2 with 2 rows still defers
+    s.prefill_decode_interval_min_bs = 2
+    arm_hook(lambda self, b: None, s, batch)
+    next_hook(lambda self: _plan(batch, [q, _r("q2")]), s)
+    assert defer_hook(engine, s, types.SimpleNamespace(batch_size=lambda: 2)) is True
+    # p leaves chunked prefill: its line, then q is a chunked prompt of its own
+    s.chunked_req = q
+    with caplog.at_level(logging.INFO, logger=receipts.LOGGER_NAME):
+        assert defer_hook(engine, s, rb) == "stock" and c["ended_early_chunked_req_gone"] == 1
+        arm_hook(lambda self, b: None, s, _extend_batch([q]))
+    line = [m for m in (r.getMessage() for r in caplog.records) if "rid=p left chunked prefill" in m]
+    assert line and line[0].endswith(f"rid=p left chunked prefill: 4 chunks yielded, "
+                                     f"{c['steps_planned']} decode steps planned, {left + 1} run, "
+                                     "3 ended early")
+    assert _dy_state(s).cand_req is q
+    next_hook(lambda self: _plan(_extend_batch([q]), [p, _r("q2")]), s)
+    assert dy.decisions(s)["rid"] == "q" and _dy_state(s).log[:2] == [q, 1]
+    assert not [k for k in c if k.startswith("fallback:")]
+
+
+def test_installed_line_states_the_share():
+    line, *_ = _hooks({KEY: "33"})
+    assert line.startswith("DSV41_DECODE_YIELD=33: after a non-final chunk with decode rows running, "
+                           "the next chunk waits ceil(33/67 x chunk cost / decode step cost) decode "
+                           "steps (>= --prefill-decode-interval, <= 128)")

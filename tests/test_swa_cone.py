@@ -53,6 +53,7 @@ def _full_resident_end(cpu, tokens):
 @pytest.mark.parametrize("backend", ["python", "rust"])
 def test_lost_resume_point_plans_a_replay_of_n_tokens(install_adapters, caplog, backend):
     status = install_adapters(_cone_env())
+    receipts.forget("swa_cone")
     assert status["swa_cone"].status == "installed", status["swa_cone"].detail
     cpu, drv, prompt = _setup(backend)
     req = _arrive(drv, prompt)
@@ -72,7 +73,10 @@ def test_lost_resume_point_plans_a_replay_of_n_tokens(install_adapters, caplog, 
     assert drv.cache.tree_core.collect_full_device_indices(req.lock.node, root).numel() >= F
     plans = [r.getMessage() for r in caplog.records if " plan " in r.getMessage()]
     assert len(plans) == 1
-    assert f"request={req.rid} F={F} s={s} L={len(prompt)} replay={N}" in plans[0]
+    assert plans[0].endswith(f"[dsv41] swa_cone plan request={req.rid} F={F} s={s} L={len(prompt)} "
+                             f"replay={N} first_pass=[{s},{req.extend_end}) stock_prefix={stock_prefix}")
+    counts = receipts.counters["swa_cone"]
+    assert (counts["candidates"], counts["plans"], counts["replay_tokens"]) == (1, 1, N)
     # The prefix indices the forward reads are the resident full KV of [0, s).
     prefix = drv.cache.prefix_device_indices(req)
     assert prefix.numel() == s
@@ -228,3 +232,15 @@ def test_plans_again_with_the_engines_bounded_replay_flags_off(install_adapters)
     adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
     assert receipts.counters["swa_cone"]["plans"] == 1
     assert req.prefix_len == _full_resident_end(cpu, prompt) - N
+
+
+def test_n_reaching_below_the_stock_hit_keeps_the_stock_match(install_adapters, caplog):
+    """N so large that s = F - N is not past the stock hit: nothing to gain, no candidate."""
+    install_adapters(_cone_env(tokens=65536))
+    receipts.forget("swa_cone")
+    cpu, drv, prompt = _setup("python")
+    req = _arrive(drv, prompt)
+    assert getattr(req, "_dsv41_cone_candidate", None) is None
+    counts = receipts.counters["swa_cone"]
+    assert counts["candidates"] == 0
+    assert counts["fallback:replay start F-N is not past the stock hit; stock match kept"] == 1

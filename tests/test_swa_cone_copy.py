@@ -318,3 +318,60 @@ def test_no_copy_test_switch_masks_and_floors_but_copies_nothing(pool, caplog):
     keep = torch.cat([torch.arange(F - s, n_a), torch.arange(n_a, n_a + other)])
     assert torch.equal(fb.encoder_swa_compress_rows, keep)              # masked as usual
     assert torch.equal(fb.encoder_swa_row_floor, torch.tensor([s] * n_a + [0] * other))
+
+
+# ---- two replays in one batch, and the batch's edges (found by bench/mutation.py) ------------
+
+def _two_plans(s, F, tail, *, a_F=None, **switches):
+    """Requests A (replay [s, a_F or F)) and B (replay [0, 256): B's first pass starts at 0)."""
+    from adapter.swa_cone import Cone, Plan
+
+    cone = Cone(F - s, test=False, **switches)
+    cone.plans["A"] = Plan(rid="A", F=a_F or F, s=s, L=F + tail, src_loc=_loc([3, 4]))
+    cone.plans["B"] = Plan(rid="B", F=256, s=0, L=300, src_loc=_loc([5]))
+    return cone
+
+
+def test_a_short_first_pass_fails_its_replay_and_the_next_one_still_copies(pool, caplog):
+    from adapter import receipts
+
+    receipts.forget("swa_cone")
+    s, F, tail, other = 512, 1024, 100, 300
+    _randomize(pool, 11)
+    r2t = torch.zeros(4, PAGES * P, dtype=torch.int32)
+    fb = _batch(r2t, s=s, F=F, tail=tail, other=other)
+    fb.req_pool_indices_cpu = None                  # the engine's batch may carry only the device copy
+    cone = _two_plans(s, F, tail, a_F=F + tail + 256)   # A's pass ends before its F
+    applied = cone.apply(fb, pool=pool, req_to_token=r2t, page_size=P)
+    assert [plan.rid for plan, _ in applied] == ["B"]
+    counts = receipts.counters["swa_cone"]
+    assert counts["copies"] == 1 and counts["replays_aborted"] == 1
+    assert counts["fallback:forward pass shorter than the planned replay: request failed (HTTP 503), "
+                  "its KV kept out of the tree"] == 1
+    for ratio, ps, buf in _buffers(pool):
+        assert _pages_equal(buf, ps, ratio, [5], [12])          # B's replay rows got page 5
+
+
+def test_a_first_pass_ending_exactly_at_f_is_a_replay(pool):
+    s, F, other = 512, 1024, 300
+    _randomize(pool, 12)
+    r2t = torch.zeros(4, PAGES * P, dtype=torch.int32)
+    fb = _batch(r2t, s=s, F=F, tail=0, other=other)             # A's pass is [s, F) exactly
+    applied = _cone_with_plan(s, F, test=False).apply(fb, pool=pool, req_to_token=r2t, page_size=P)
+    assert len(applied) == 1
+    for ratio, ps, buf in _buffers(pool):
+        assert _pages_equal(buf, ps, ratio, [3, 4], [9, 10])
+
+
+def test_no_copy_switch_says_so_for_every_replay(pool, caplog):
+    s, F, tail, other = 512, 1024, 100, 300
+    r2t = torch.zeros(4, PAGES * P, dtype=torch.int32)
+    fb = _batch(r2t, s=s, F=F, tail=tail, other=other)
+    cone = _two_plans(s, F, tail, no_copy=True)
+    with caplog.at_level(logging.INFO, logger="sglang.dsv41"):
+        assert cone.apply(fb, pool=pool, req_to_token=r2t, page_size=P) == []
+    skipped = [r.getMessage() for r in caplog.records if "TEST ONLY copy SKIPPED" in r.getMessage()]
+    assert [m.split("[dsv41] swa_cone ", 1)[1] for m in skipped] == [
+        f"TEST ONLY copy SKIPPED request={rid} rows=[{a},{b}): DSV41_SWA_CONE_TEST_NO_COPY=1, the "
+        "replay rows' pages keep stale latents / index keys; this output is not cone's"
+        for rid, a, b in (("A", s, F), ("B", 0, 256))]

@@ -393,3 +393,47 @@ def test_dropped_and_aborted_counters_have_series():
     assert metrics.series_of("swa_cone", "plans_dropped") == ("dsv41_swa_cone_plans_dropped", ())
     assert metrics.series_of("swa_cone", "replays_aborted") == ("dsv41_swa_cone_replays_aborted",
                                                                 ())
+
+
+# ---- the window floor handed to init_forward_metadata_prefill (found by bench/mutation.py) ----
+
+def test_prefill_metadata_gets_the_floor_padded_to_the_batchs_rows(backend, monkeypatch):
+    """The floor set by the first pass's metadata hook reaches the engine's
+    init_forward_metadata_prefill as `swa_replay_start`: padded with 0 (no floor) to the rows of
+    `out_cache_loc` on the paged SWA path, as it is where it already covers them, not at all on
+    the request-window path (which reads encoder_swa_row_floor), never over a value the engine
+    passed itself; a floor that cannot be padded is passed unpadded (it covers every real row)."""
+    from adapter import swa_cone
+
+    receipts.forget("swa_cone")
+    cone = swa_cone.Cone(N, test=False)
+    calls = []
+
+    def engine(b, *args, **kwargs):
+        calls.append((b, args, kwargs))
+        return "metadata"
+
+    def run(fb, **kwargs):
+        calls.clear()
+        assert cone.init_prefill_metadata(engine, backend, "pos", forward_batch=fb, **kwargs) == "metadata"
+        ((b, args, kw),) = calls
+        assert b is backend and args == ("pos",)
+        return kw
+
+    floor = torch.tensor([512, 512, 0])
+    fb = types.SimpleNamespace(**{swa_cone.FLOOR_ATTR: floor})
+    kw = run(fb, out_cache_loc=torch.zeros(5), swa_replay_start=None)
+    assert torch.equal(kw["swa_replay_start"], torch.tensor([512, 512, 0, 0, 0]))
+    kw = run(fb, out_cache_loc=torch.zeros(3), swa_replay_start=None)
+    assert kw["swa_replay_start"] is floor
+    mine = torch.tensor([7, 7, 7])
+    assert run(fb, out_cache_loc=torch.zeros(5), swa_replay_start=mine)["swa_replay_start"] is mine
+    assert run(types.SimpleNamespace(), out_cache_loc=torch.zeros(5), swa_replay_start=None) == \
+        {"forward_batch": calls[0][2]["forward_batch"], "out_cache_loc": calls[0][2]["out_cache_loc"],
+         "swa_replay_start": None}
+    kw = run(fb, swa_replay_start=None)                      # no out_cache_loc: cannot pad
+    assert kw["swa_replay_start"] is floor
+    assert receipts.counters["swa_cone"]["fallback:internal error in the window floor step "
+                                         "(KeyError); that step left to the engine"] == 1
+    monkeypatch.setattr(backend.token_to_kv_pool, "request_window", object(), raising=False)
+    assert run(fb, out_cache_loc=torch.zeros(5), swa_replay_start=None)["swa_replay_start"] is None

@@ -22,12 +22,13 @@ from adapter.cpu import cone_forward as cf
 
 DOC = 768
 # Rows >= F and the decode steps after them: attention outputs in bf16, from float32 sums over a
-# window of <= 128 rows and <= 64 compressed candidates per layer, three layers stacked. A sum in
-# another order moves a float32 result by ~1e-5 of its largest term, which the bf16 cast turns
-# into the same value or the adjacent one (2**-7 of the value at most); allowing that step on each
-# of the three layers and again through the decode steps that read them: 2**-5 of the largest
-# |output|. The negative controls move them by far more (test_..._detected assert it).
-TOL_REL = 2 ** -5
+# window of <= 128 rows and <= 64 compressed candidates per layer. A sum in another order moves a
+# float32 result by ~1e-6 of its terms, which the bf16 cast turns into the same value or the
+# adjacent one; adjacent bf16 values differ by at most 2**-7 of the value. TOL is that step at the
+# largest |output| (2**-7 of it). Measured on this machine (printed by the tests): H and R are
+# bit-equal (0), and the closest negative control, N inside the stack's cone, moves the outputs
+# by 4x TOL (0.156 against 0.035, largest |output| 4.5); the others by 7x to 1e5x.
+TOL_REL = 2 ** -7
 # The bench's control case nearer the start (a shorter document to prefill), with a 48-token
 # fresh prompt ahead of it in the first pass (its rows are compared too).
 CASE = cf.Case("N=chunk=512 L-F=1 beside a prompt", s=256, F=768, L=769, chunk=512, neighbor=48)

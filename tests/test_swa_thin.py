@@ -217,6 +217,8 @@ def test_receipt_line_every_1024_inserts(install_adapters, caplog, monkeypatch):
     lines = [r.getMessage() for r in caplog.records if "hooked inserts" in r.getMessage()]
     counts = swa_thin.summary()
     assert len(lines) == counts["hooked_inserts"] // 4 == 3
+    # at the 4th, 8th and 12th insert (not the 1st, 5th, 9th)
+    assert [ln.split(" hooked inserts")[0].rsplit(" ", 1)[1] for ln in lines] == ["4", "8", "12"]
     assert "moved to the evict-first end" in lines[0] and "kept" in lines[0]
     assert counts["checkpoints_passed"] == 10 and counts["nodes_moved"] > 0
 
@@ -336,3 +338,274 @@ def test_dense_cache_keeps_the_rust_core_with_a_fallback_line(install_adapters, 
     messages = [r.getMessage() for r in caplog.records]
     assert [m for m in messages if "fallback: cache has no SWA component" in m]
     assert [m for m in messages if "tree core: dsv41_thin instead of rust" in m]
+
+
+def test_demote_binding_answers_each_node_and_moves_in_order(install_adapters, monkeypatch):
+    """thin's core's `demote_swa_lru` (the binding thin proposes upstream) on the engine's real
+    cache: one answer per node asked, in order (gone, root, tombstone, evicting, locked, session,
+    moved); the moved nodes end at the evict-first end in the order given, and nothing else of
+    the LRU or the tree changes."""
+    import types
+    from array import array
+
+    from adapter.cpu import cpu_engine
+    from adapter.swa_thin.core import SWA, ThinTreeCore
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    install_adapters(THIN)
+    cpu = cpu_engine.build_swa_cache(full_tokens=64 * 256, swa_tokens=32 * 256, backend="rust")
+    cache, core = cpu.cache, cpu.cache.tree_core
+    assert type(core) is ThinTreeCore
+    for tokens in (list(range(1, 4 * 256 + 1)), list(range(1, 2 * 256 + 1)) + list(range(5000, 5768))):
+        cache.insert(InsertParams(key=RadixKey(array("q", tokens)), value=cpu.alloc(len(tokens))))
+    lru, swa, root = core.lru_lists[SWA], core.components_by_type[SWA], core.root_node
+    pt = lru._pt
+
+    def order():
+        out, x = [], lru.head.lru_next[pt]
+        while x is not lru.tail:
+            out.append(x.id)
+            x = x.lru_next[pt]
+        return out
+
+    held = [i for i, n in core._node_arena.items() if n is not root]
+    assert len(held) == 5 and all(i in lru.cache for i in held)
+    first, second = held[1], held[3]
+    before = order()
+    assert core.demote_swa_lru([first, second]) == ["moved", "moved"]
+    after = order()
+    # the last one asked is the next victim (the tail end), the one before it just ahead of it
+    assert after[-2:] == [first, second] and sorted(after) == sorted(before)
+    assert [i for i in after if i not in (first, second)] == [i for i in before if i not in (first, second)]
+    assert core.demote_swa_lru([10 ** 9, root.id]) == ["gone", "root"]
+    # a lock on the deepest node: its SWA lock_ref is 1 (the window's nodes are locked)
+    leaf = held[-1]
+    lock = cache.lock(leaf)
+    assert core._node_arena[leaf].component_data[SWA].lock_ref == 1
+    assert core.demote_swa_lru([leaf]) == ["locked"]
+    cache.unlock(lock)
+    # an SWA eviction walk in progress (either sign of it): nothing moves
+    monkeypatch.setattr(swa, "is_evict_device_ongoing", True)
+    assert core.demote_swa_lru([first]) == ["evicting"]
+    monkeypatch.setattr(swa, "is_evict_device_ongoing", False)
+    monkeypatch.setitem(core._pending_internal_evictions, SWA, first)
+    assert core.demote_swa_lru([first]) == ["evicting"]
+    monkeypatch.delitem(core._pending_internal_evictions, SWA)
+    # a session-referenced node (the engine's session partition reads _is_referenced)
+    monkeypatch.setattr(lru, "_is_referenced", lambda node: node.id == held[0])
+    assert core.demote_swa_lru([held[0], held[2]]) == ["session", "moved"]
+    monkeypatch.setattr(lru, "_is_referenced", None)
+    # SWA evicted from a node: a tombstone, not in the LRU any more
+    victim = order()[-1]
+    cache.evict(EvictParams(num_tokens=0, swa_num_tokens=256))
+    assert core._node_arena[victim].component_data[SWA].value is None
+    assert core.demote_swa_lru([victim]) == ["tombstone"]
+    cache.sanity_check()
+    # a core without an SWA component (the method reads only that): every node a tombstone
+    assert ThinTreeCore.demote_swa_lru(types.SimpleNamespace(components_by_type={}), [1, 2]) == \
+        ["tombstone", "tombstone"]
+
+
+# ---- the move rule's edges, called directly (found by bench/mutation.py) ---------------------
+
+def _fallbacks():
+    from adapter import swa_thin
+
+    return {k[len("fallback:"):]: v for k, v in swa_thin.counts().items() if k.startswith("fallback:")}
+
+
+GONE = "lock node left the tree during the insert; order unchanged"
+
+
+def test_the_hook_passes_the_engines_arguments_and_needs_no_lock():
+    """The checkpoint hook calls the engine's checkpoint_into_tree with every argument and returns
+    its result; a request without a lock (none yet, or no attribute) is counted, nothing moved."""
+    import types
+
+    from adapter import swa_thin
+
+    swa_thin.reset_counts()
+    seen = []
+    cache = types.SimpleNamespace(tree_core=types.SimpleNamespace(is_root=lambda i: False))
+    for req in (types.SimpleNamespace(last_node=5), types.SimpleNamespace(lock=None, last_node=5)):
+        out = swa_thin._checkpoint_into_tree(lambda *a, **k: seen.append((a, k)) or "result",
+                                             cache, req, "x", k=1)
+        assert out == "result" and seen[-1] == ((cache, req, "x"), {"k": 1})
+    c = swa_thin.counts()
+    assert c["hooked_inserts"] == 2 and c["checkpoints_passed"] == 0 and not _fallbacks()
+
+
+class _Node:
+    def __init__(self, n, parent):
+        self.key, self.parent = [0] * n, parent
+
+
+@pytest.mark.parametrize("span, depth", [(257, 2), (512, 2), (513, 3), (10_000, 3)])
+def test_window_nodes_cover_the_span_and_stop_at_the_root(span, depth):
+    import types
+
+    from adapter import swa_thin
+
+    root = _Node(0, None)
+    chain = [root]
+    for _ in range(3):
+        chain.append(_Node(256, chain[-1]))
+    core = types.SimpleNamespace(root_node=root)
+    assert swa_thin._window_nodes(core, chain[-1], span) == chain[:-depth - 1:-1]
+
+
+def _stand_in_cache(core, window=128, **kw):
+    import types
+
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+    return types.SimpleNamespace(tree_core=core, disable=kw.get("disable", False),
+                                 is_swa_enabled=kw.get("is_swa_enabled", True),
+                                 components={ComponentType.SWA: types.SimpleNamespace(
+                                     sliding_window_size=window)})
+
+
+def test_the_binding_path_counts_every_node_and_calls_only_with_nodes_to_move():
+    """Through a core's demote_swa_lru (tests/test_swa_thin_core.py's stand-in core: a chain of
+    256-token nodes, no Python nodes): kept and moved counted per node, the binding not called
+    when nothing was passed, a disabled or SWA-less cache left alone."""
+    from adapter import swa_thin
+    from test_swa_thin_core import StandInCore
+
+    swa_thin.reset_counts()
+    # window 640 + page 256: four nodes. Old 6 (6..3), new 7 (7..4): 6, 5, 4 kept, 3 moved.
+    core = StandInCore(depth=12, swa=set(range(1, 13)), outcomes={})
+    cache = _stand_in_cache(core, window=640)
+    assert swa_thin.move_passed_checkpoint(cache, 6, 7) == (1, 3)
+    assert core.calls == [[3]] and swa_thin.counts()["kept:in-new-window"] == 3
+    # old 6, new 10: all four passed; two locked
+    core.outcomes = {5: "locked", 3: "locked"}
+    assert swa_thin.move_passed_checkpoint(cache, 6, 10) == (2, 2)
+    assert core.calls[-1] == [6, 5, 4, 3] and swa_thin.counts()["kept:locked"] == 2
+    # old 1 (its window stops at the root), new 2 (2, 1): nothing passed, no call
+    assert swa_thin.move_passed_checkpoint(cache, 1, 2) == (0, 1)
+    assert len(core.calls) == 2
+    # window 1 + page 256 = 257 tokens: two nodes (the first covers 256 < 257)
+    core = StandInCore(depth=12, swa=set(range(1, 13)), outcomes={})
+    assert swa_thin.move_passed_checkpoint(_stand_in_cache(core, window=1), 6, 12) == (2, 0)
+    assert core.calls == [[6, 5]]
+    # window 256 + page 256 = 512 tokens: exactly two nodes
+    core = StandInCore(depth=12, swa=set(range(1, 13)), outcomes={})
+    assert swa_thin.move_passed_checkpoint(_stand_in_cache(core, window=256), 6, 12) == (2, 0)
+    assert core.calls == [[6, 5]]
+    # a lock node that left the tree: the fallback, nothing called
+    assert swa_thin.move_passed_checkpoint(_stand_in_cache(core), 6, 99) == (0, 0)
+    assert _fallbacks() == {GONE: 1} and len(core.calls) == 1
+    for off in ({"disable": True}, {"is_swa_enabled": False}):
+        assert swa_thin.move_passed_checkpoint(_stand_in_cache(core, **off), 6, 12) == (0, 0)
+    assert len(core.calls) == 1
+
+
+def test_a_core_with_neither_binding_nor_python_lru_keeps_the_engines_order():
+    import types
+
+    from adapter import swa_thin
+
+    swa_thin.reset_counts()
+    core = types.SimpleNamespace(root_node=None)
+    assert swa_thin.move_passed_checkpoint(_stand_in_cache(core), 6, 7) == (0, 0)
+    assert _fallbacks() == {"tree core SimpleNamespace has no Python SWA LRU; SWA eviction order "
+                            "left to the engine": 1}
+
+
+def test_window_ids_read_python_nodes_where_the_core_has_them(install_adapters, monkeypatch):
+    """thin's core has Python nodes: the window is walked on them (collect_path_info, the path
+    for cores without, is not called)."""
+    from adapter import swa_thin
+
+    install_adapters(THIN)
+    cpu = _build(backend="rust")
+    _two_sessions(cpu)
+    core = cpu.cache.tree_core
+    assert type(core).__name__ == "ThinTreeCore"
+    leaf = max(core._node_arena)
+    want = [n.id for n in swa_thin._window_nodes(core, core.node_by_id(leaf), 384)]
+    monkeypatch.setattr(core, "collect_path_info", lambda ids: pytest.fail("read paths"), raising=False)
+    assert swa_thin._window_ids(core, leaf, 384) == want and want
+
+
+def test_python_core_moves_the_lrus_only_node_and_reports_a_gone_lock_node(install_adapters, monkeypatch):
+    """The engine's Python core (thin's own core off): relinking the only node of the SWA LRU
+    (the list is empty after its removal: insert_mru), and a lock node that left the tree."""
+    from adapter import swa_thin
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+    monkeypatch.setattr(swa_thin, "OWN_CORE", False)
+    install_adapters(THIN)
+    swa_thin.reset_counts()
+    cpu = _build()
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    cpu.cache.insert(InsertParams(key=RadixKey(array("q", range(1, 257))), value=cpu.alloc(256)))
+    core = cpu.cache.tree_core
+    assert type(core).__name__ == "UnifiedTreeCore"
+    lru = core.lru_lists[ComponentType.SWA]
+    (only,) = lru.cache.values()
+    swa_thin._to_evict_first_end(lru, only)
+    assert lru.cache == {only.id: only} and lru.tail.lru_prev[lru._pt] is only
+    assert lru.head.lru_next[lru._pt] is only
+    assert swa_thin.move_passed_checkpoint(cpu.cache, 10 ** 9, only.id) == (0, 0)
+    assert _fallbacks() == {GONE: 1}
+    cpu.cache.sanity_check()
+
+
+def test_python_core_path_keeps_by_reason(install_adapters, monkeypatch):
+    """The engine's Python core (thin's own core off): a passed window's nodes kept per reason
+    (in the new window, an SWA eviction walk in progress, locked, session-referenced), counted
+    once each; a tombstone is skipped, the nodes after it still move."""
+    from adapter import swa_thin
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+    monkeypatch.setattr(swa_thin, "OWN_CORE", False)
+    install_adapters(THIN)
+    cpu = _build()
+    cache = cpu.cache
+    core = cache.tree_core
+    assert type(core).__name__ == "UnifiedTreeCore"
+    ids = []
+    for pages in (1, 2, 3, 4, 5):                     # a chain of five 256-token nodes
+        tokens = list(range(1, pages * 256 + 1))
+        cache.insert(InsertParams(key=RadixKey(array("q", tokens)), value=cpu.alloc(len(tokens))))
+        ids.append(max(i for i in core._node_arena if i not in ids and core._node_arena[i] is not core.root_node))
+    n1, n2, n3, n4, n5 = ids
+    swa = core.components_by_type[ComponentType.SWA]
+    lru = core.lru_lists[ComponentType.SWA]
+
+    def counts():
+        return {k: v for k, v in swa_thin.counts().items() if k.startswith("kept:")}
+
+    # window 128 + page 256: two nodes. old n3 (n3, n2), new n4 (n4, n3): n3 kept, n2 moved
+    swa_thin.reset_counts()
+    assert swa_thin.move_passed_checkpoint(cache, n3, n4) == (1, 1)
+    assert counts() == {"kept:in-new-window": 1}
+    swa_thin.reset_counts()
+    monkeypatch.setattr(swa, "is_evict_device_ongoing", True)
+    assert swa_thin.move_passed_checkpoint(cache, n3, n5) == (0, 2)
+    assert counts() == {"kept:evicting": 2}
+    monkeypatch.setattr(swa, "is_evict_device_ongoing", False)
+    swa_thin.reset_counts()
+    lock = cache.lock(n3)                       # SWA-locks the window of n3: n3 itself
+    assert swa_thin.move_passed_checkpoint(cache, n3, n5) == (1, 1)
+    assert counts() == {"kept:locked": 1}
+    cache.unlock(lock)
+    swa_thin.reset_counts()
+    monkeypatch.setattr(lru, "_is_referenced", lambda node: node.id == n2)
+    assert swa_thin.move_passed_checkpoint(cache, n3, n5) == (1, 1)
+    assert counts() == {"kept:session": 1}
+    monkeypatch.setattr(lru, "_is_referenced", None)
+    # n3 tombstoned (moved to the evict-first end, then one SWA page evicted): skipped, n2 moves
+    swa_thin._to_evict_first_end(lru, core._node_arena[n3])
+    cache.evict(EvictParams(num_tokens=0, swa_num_tokens=256))
+    assert core._node_arena[n3].component_data[ComponentType.SWA].value is None
+    swa_thin.reset_counts()
+    assert swa_thin.move_passed_checkpoint(cache, n3, n5) == (1, 0)
+    cache.sanity_check()

@@ -66,6 +66,10 @@ def test_a_move_failing_on_its_second_node_is_undone(install_adapters, monkeypat
             return real_move(cache, old_id, new_id)
         except RuntimeError:
             assert _order(cache) == before      # nothing moved, nothing left the LRU
+            from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+            lru = cache.tree_core.lru_lists[ComponentType.SWA]
+            assert all(node.id == key for key, node in lru.cache.items())   # members, not None
             state["checked"] += 1
             raise
         finally:
