@@ -181,9 +181,10 @@ def test_share_sets_decode_steps_between_chunks(yield_on, pct, caplog):
 
 
 def _yield_lines(caplog):
-    """decode_yield's per-prompt receipt lines (without the '[dsv41] decode_yield ' prefix)."""
-    return [m.split("[dsv41] decode_yield ", 1)[1] for m in (r.getMessage() for r in caplog.records)
-            if "[dsv41] decode_yield rid=" in m]
+    """decode_yield's per-prompt receipt lines, their decisions: without the '[dsv41] decode_yield '
+    prefix and without the achieved share that ends them (a measurement, tested on its own below)."""
+    return [m.split("[dsv41] decode_yield ", 1)[1].split("; achieved share", 1)[0]
+            for m in (r.getMessage() for r in caplog.records) if "[dsv41] decode_yield rid=" in m]
 
 
 def test_share_50_yields_more_than_33(yield_on):
@@ -828,7 +829,7 @@ def test_deferral_counts_ends_and_passes_arguments(pp1, caplog):
         assert defer_hook(engine, s, rb) == "stock" and c["ended_early_chunked_req_gone"] == 1
         arm_hook(lambda self, b: None, s, _extend_batch([q]))
     line = [m for m in (r.getMessage() for r in caplog.records) if "rid=p left chunked prefill" in m]
-    assert line and line[0].endswith(f"rid=p left chunked prefill: 4 chunks yielded, "
+    assert line and line[0].split("; achieved share", 1)[0].endswith(f"rid=p left chunked prefill: 4 chunks yielded, "
                                      f"{c['steps_planned']} decode steps planned, {left + 1} run, "
                                      "3 ended early")
     assert _dy_state(s).cand_req is q
