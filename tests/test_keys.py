@@ -111,18 +111,18 @@ def test_int_with_only_an_upper_bound_and_multiple():
 
 
 MODEL = "DSV41_DECODE_YIELD_MODEL"
-FIELDS = "CHUNK_FIXED_US,CHUNK_TOKEN_NS,CHUNK_PAIR_PS,STEP_FIXED_US,STEP_ROW_US,STEP_CTX_PS"
+FIELDS = "CHUNK_FIXED_US,CHUNK_TOKEN_NS,CHUNK_PAIR_PS,STEP_FIXED_US,STEP_ROW_US,STEP_CTX_PS,CHUNK_PREFIX_SQ_PS"
 
 
 def test_ints_key_parses_each_field_in_order():
     s = keys.parse_env({MODEL: " 0, 10 ,1000000000,1, 60000000,52000"})
-    assert s.get(MODEL) == (0, 10, 1_000_000_000, 1, 60_000_000, 52_000)
+    assert s.get(MODEL) == (0, 10, 1_000_000_000, 1, 60_000_000, 52_000, 0)   # six: the seventh is 0
     assert s.set_keys == (MODEL,)
 
 
 @pytest.mark.parametrize("raw, message", [
-    ("1,2,3,4,5", f"{MODEL}='1,2,3,4,5': expected 6 comma-separated integers {FIELDS} ("),
-    ("1 2 3 4 5 6", f"{MODEL}='1 2 3 4 5 6': expected 6 comma-separated integers {FIELDS} ("),
+    ("1,2,3,4,5", f"{MODEL}='1,2,3,4,5': expected 6 or 7 comma-separated integers {FIELDS} ("),
+    ("1 2 3 4 5 6", f"{MODEL}='1 2 3 4 5 6': expected 6 or 7 comma-separated integers {FIELDS} ("),
     ("1,2,3,x,5,6", f"{MODEL}='1,2,3,x,5,6': STEP_FIXED_US='x' is not an integer (expected {FIELDS})"),
     ("1,2,3,0,5,6", f"{MODEL}='1,2,3,0,5,6': STEP_FIXED_US=0 out of range 1..60000000"),
     ("1,2,3,4,5,1000000001",
