@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
-if ! "$PY" -c "import pytest, xdist, hypothesis, matplotlib" 2>/dev/null; then
+if ! "$PY" -c "import pytest, xdist, pytest_timeout, hypothesis, matplotlib" 2>/dev/null; then
     tools=$(mktemp -d)
     trap 'rm -rf "$tools"' EXIT
     "$PY" -m pip install -q --disable-pip-version-check --no-deps --target "$tools" \
@@ -33,5 +33,7 @@ fi
 # otherwise sum in another order than the machines the tests' tolerances were set on.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 start=$(date +%s)
-"$PY" -m pytest -q -p no:cacheprovider -n "${DSV41_TEST_WORKERS:-2}" tests --ignore=tests/e2e "$@"
+# --timeout: a test that hangs fails with its stack after 10 min (the slowest takes ~20 s) instead
+# of holding the run until CI's own limit
+"$PY" -m pytest --timeout 600 -q -p no:cacheprovider -n "${DSV41_TEST_WORKERS:-2}" tests --ignore=tests/e2e "$@"
 echo "[image test] unit suite in $(( $(date +%s) - start )) s"

@@ -27,11 +27,14 @@ if [ "${1:-}" = "--load" ]; then
 fi
 scripts/lint_dockerfiles.sh
 scripts/lint_imports.sh     # the package's floors (pyproject.toml [tool.importlinter])
+# --timeout (pytest-timeout): a test that hangs fails with its stack instead of holding the run
+# until CI's limit; per test, its fixtures' setup included: 10 min for a unit test (the slowest
+# takes ~20 s), 30 min for an e2e test (its module's boots included; the longest ~8 min loaded)
 unit() {
-    "$PY" -m pytest -q -p no:cacheprovider -n "${DSV41_TEST_WORKERS:-2}" tests --ignore=tests/e2e "$@"
+    "$PY" -m pytest --timeout 600 -q -p no:cacheprovider -n "${DSV41_TEST_WORKERS:-2}" tests --ignore=tests/e2e "$@"
 }
 e2e() {
-    "$PY" -m pytest -q -p no:cacheprovider tests/e2e "$@"
+    "$PY" -m pytest --timeout 1800 -q -p no:cacheprovider tests/e2e "$@"
 }
 case "$WHICH" in
     unit) unit "$@" ;;

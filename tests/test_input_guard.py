@@ -566,6 +566,13 @@ def test_a_grammar_step_over_the_bound_finishes_only_its_request(install_adapter
     assert fast.accepted_tokens == [5, 6]
 
 
+# TP 4 as the production line lays it out, every width the engine validates consistent with it
+# (another test in the same worker may have published a whole ServerArgs: tp_size, the MoE widths).
+TP4_ONE_NODE = dict(tp_size=4, attn_tp_size=4, attn_dp_size=1, attn_cp_size=1, moe_tp_size=4,
+                    moe_ep_size=1, moe_dp_size=1, pp_size=1, tp_rank=0, attn_tp_rank=0,
+                    attn_dp_rank=0, attn_cp_rank=0)
+
+
 def test_the_grammar_step_bound_stays_off_where_several_ranks_run_the_grammar(install_adapters, monkeypatch,
                                                                             caplog):
     """TP 4 (the production line): each rank would time the step on its own clock and might
@@ -574,7 +581,7 @@ def test_the_grammar_step_bound_stays_off_where_several_ranks_run_the_grammar(in
 
     install_adapters({**KEYS, "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS": "20"})
     fast, slow, mask = _grammars(monkeypatch)
-    with get_parallel().override(attn_tp_size=4, attn_cp_size=1, pp_size=1):
+    with get_parallel().override(**TP4_ONE_NODE):
         slow.fill_vocab_mask(mask, 1)
         slow.accept_token(5)                                    # slow, and not finished
         slow.accept_token(6)
