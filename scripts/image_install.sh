@@ -35,5 +35,9 @@ fi
 "$PY" -m pip wheel -q --disable-pip-version-check --no-deps --no-build-isolation -w "$out" "$src"
 wheel=$(ls "$out"/dsv41-*.whl)
 "$PY" -m pip install -q --disable-pip-version-check --no-deps --force-reinstall "$wheel"
+# its own dependencies the engine does not bring (google-re2 for input_guard's stop_regex), pinned,
+# --no-deps: nothing of the engine's moves (requirements/runtime.lock)
+"$PY" -m pip install -q --disable-pip-version-check --no-deps -r "$repo/requirements/runtime.lock"
+"$PY" -c "import re2, wrapt" || { echo "[image] requirements/runtime.lock did not install" >&2; exit 1; }
 cd /       # the installed package, not the checkout's files in the working directory
 "$PY" -c "import adapter, os; print('[image] dsv41', adapter.__version__, 'installed from', '$(basename "$wheel")', 'at', os.path.dirname(adapter.__file__))"

@@ -68,3 +68,24 @@ def run_python(code: str, env: dict | None = None, args=(), argv=(), timeout=300
     child_env.update(env or {})
     return subprocess.run([sys.executable, *args, "-c", code, *argv], env=child_env, cwd=cwd,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def close_zmq_sockets(obj) -> int:
+    """Close the zmq sockets an engine object holds (linger 0) and terminate their context; the
+    number closed. The engine's TokenizerManager binds its sockets (linger -1: wait forever for
+    queued messages) in a context it keeps no handle to. Left to the garbage collector,
+    Context.__del__ runs term() inside whatever test allocates next, and term() waits forever for
+    a socket with a queued message and no peer: a unit worker hung so in tests/test_swa_thin.py
+    (py-spy: Context.term under Tensor.__iter__), which held CI to its time limit."""
+    import zmq
+
+    contexts, closed = [], 0
+    for value in list(vars(obj).values()):
+        if isinstance(value, zmq.Socket) and not value.closed:
+            if value.context not in contexts:
+                contexts.append(value.context)
+            value.close(linger=0)
+            closed += 1
+    for context in contexts:
+        context.term()          # every socket closed: returns at once
+    return closed

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from adapter import input_guard, receipts
+from conftest import close_zmq_sockets
 
 VOCAB = 1024
 KEYS = {"DSV41_INPUT_GUARD": "1"}
@@ -46,8 +47,11 @@ def manager(install_adapters, dense_model):
     receipts.forget("input_guard")
     with rc.use_context(rc.create_context(args, role="tokenizer")):
         tm = build()
-        assert tm.model_config.vocab_size == VOCAB
-        yield tm
+        try:
+            assert tm.model_config.vocab_size == VOCAB
+            yield tm
+        finally:
+            assert close_zmq_sockets(tm) == 2           # its detokenizer PULL, its scheduler PUSH
     receipts.forget("input_guard")
 
 
@@ -680,6 +684,7 @@ def app_client(install_adapters, dense_model):
             with TestClient(hs.app, raise_server_exceptions=False) as client:
                 yield client, sent
         finally:
+            close_zmq_sockets(tm)
             hs.set_global_state(saved)
             hs.app.user_middleware[:] = middleware      # what the lifespan added (metrics off: none)
             hs.app.middleware_stack = None              # built again by the next test's app

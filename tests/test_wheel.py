@@ -56,3 +56,27 @@ def test_the_wheel_holds_every_source_and_data_file(tmp_path):
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "dsv41 = adapter.tools.cli:main" in text and "dsv41 = adapter.plugin:load" in text
     assert not [n for n in names if n.startswith("runtime/build/") or n.endswith((".so", ".pyc"))]
+
+
+def _pins(path) -> dict[str, str]:
+    pins = {}
+    for line in (REPO_ROOT / path).read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if "==" in line:
+            name, version = line.split("==")
+            pins[name.strip().lower()] = version.strip()
+    return pins
+
+
+def test_the_images_install_the_packages_own_dependencies_pinned():
+    """The images install the wheel --no-deps (the engine's packages must not move), so its own
+    dependencies come from requirements/runtime.lock: every one pyproject declares, at the
+    version the developers' .venv runs (requirements/cpu.lock)."""
+    import tomllib
+
+    declared = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {d.split("=")[0].split(">")[0].split("<")[0].strip().lower() for d in declared}
+    runtime, cpu = _pins("requirements/runtime.lock"), _pins("requirements/cpu.lock")
+    assert set(runtime) == names
+    assert {n: cpu.get(n) for n in runtime} == runtime
+    assert "requirements/runtime.lock" in (REPO_ROOT / "scripts/image_install.sh").read_text()
