@@ -13,7 +13,7 @@ import time
 import pytest
 
 from adapter.cpu.server import CpuServer
-from e2e.e2e_configs import Boots
+from e2e.e2e_configs import SUMMARY_LINES, Boots
 
 _BOOTS: list = []       # (server name, seconds, kind): kind "server" | "failing"
 # Modules that boot their own servers, in the order they run (before every other module).
@@ -73,6 +73,8 @@ def _count_boots():
 
 
 def pytest_terminal_summary(terminalreporter):
+    for line in SUMMARY_LINES:
+        terminalreporter.write_line(line)
     if not _BOOTS:
         return
     ok = [s for _, s, kind in _BOOTS if kind == "server"]

@@ -38,6 +38,9 @@ from adapter import keys as key_registry  # noqa: E402
 from adapter.tools import canary, profile  # noqa: E402
 
 PROFILE = REPO_ROOT / ".env.tp4.example"
+# Figures a test measured, printed in the session's summary (tests/e2e/conftest.py) so a run without
+# -s shows them: the gate's planted candidate speed ratio (issue 40).
+SUMMARY_LINES: list[str] = []
 MODELS = ("dense", "dsv4")          # the swa (Mellum) model: the faults test's own boots only
 
 

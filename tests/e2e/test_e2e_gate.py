@@ -28,7 +28,7 @@ from adapter.cpu.server import CpuServer
 from adapter.tools import cli, exits
 from adapter.tools.gate import boot, cells, verdict
 from adapter.tools.gate import run as gate_run
-from e2e.e2e_configs import CTRL_ARGS, CTRL_KEYS, PROD_ARGS, PROD_KEYS
+from e2e.e2e_configs import CTRL_ARGS, CTRL_KEYS, PROD_ARGS, PROD_KEYS, SUMMARY_LINES
 
 RUN_ID = "e2e"
 # ~0.17 x the controls' tokens per server CPU-second (the launcher's HTTP / tokenizer work is not
@@ -117,8 +117,10 @@ def test_other_weights_and_step_work_are_killed_on_t0_and_on_speed(gate):
     res, rules = judge(run_dir, "A,WD,A2")
     speed = rules["speed"]["figures"]["cells"]
     ratios = [speed[c]["candidate_ratio"] for c in cells.SPEED_CELLS]
-    print(f"candidate speed ratio {sum(ratios) / len(ratios):.2f} (per cell: "
-          + ", ".join(f"{c} {speed[c]['candidate_ratio']:.2f}" for c in cells.SPEED_CELLS) + ")")
+    line = (f"candidate speed ratio {sum(ratios) / len(ratios):.2f} (per cell: "
+            + ", ".join(f"{c} {speed[c]['candidate_ratio']:.2f}" for c in cells.SPEED_CELLS) + ")")
+    print(line)
+    SUMMARY_LINES.append(f"gate: {line}")       # in the session's summary too (no -s needed)
     assert {speed[c]["basis"] for c in cells.SPEED_CELLS} == {"cpu_tok_s_reps"}
     assert res["verdict"] == "KILL", verdict.format_text(res)
     assert "t0" in res["decided_by"] and "speed" in res["decided_by"], res["decided_by"]
