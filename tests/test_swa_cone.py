@@ -58,7 +58,7 @@ def test_lost_resume_point_plans_a_replay_of_n_tokens(install_adapters, caplog, 
     assert status["swa_cone"].status == "installed", status["swa_cone"].detail
     cpu, drv, prompt = _setup(backend)
     req = _arrive(drv, prompt)
-    stock_prefix, stock_node = req.prefix_len, req.last_node     # the stock match stands until admission
+    stock_prefix = req.prefix_len                  # the stock match stands until admission
     F = _full_resident_end(cpu, prompt)
     assert F - stock_prefix > N, (F, stock_prefix)  # the resume point is lost, full KV resident
     adder = drv.adder()
@@ -88,12 +88,13 @@ def test_lost_resume_point_plans_a_replay_of_n_tokens(install_adapters, caplog, 
     assert plan.tree is drv.cache                   # whose TP groups agree on a failed replay
     assert plan.src_loc.dtype == torch.int64 and plan.src_loc.device.type == "cpu"
     if backend == "python":
-        # the admission's lock moved to the node at F: the stock node is locked once (by the
-        # new lock's path), not twice
+        # the admission's lock (taken on the node at s) moved to the node at F: the node at s
+        # is locked once (by the new lock's path), not twice
         from sglang.srt.mem_cache.unified_cache.components import BASE_COMPONENT_TYPE
 
-        node = drv.cache.tree_core.node_by_id(stock_node)
-        assert node.component_data[BASE_COMPONENT_TYPE].lock_ref == 1
+        node_s = drv.cache.tree_core.node_by_id(req.last_node)
+        assert req.lock.node != req.last_node
+        assert node_s.component_data[BASE_COMPONENT_TYPE].lock_ref == 1
     drv._extend(req, req.extend_end)
     from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
     if req.extend_end < len(prompt):
