@@ -485,3 +485,39 @@ def test_a_batch_without_prefix_lengths_fails_its_replays(pool):
     nameless = _batch(r2t, s=s, F=F, tail=tail, other=other)
     del nameless.rids
     assert _cone_with_plan(s, F, test=False).apply(nameless, pool=pool, req_to_token=r2t, page_size=P) == []
+
+
+def test_the_copy_self_check_fails_a_copy_that_did_not_land(pool, monkeypatch):
+    """DSV41_SWA_CONE_TEST re-reads each copy: a copy that moved nothing fails its replay."""
+    from adapter import receipts
+    from adapter import swa_cone_copy as cc
+
+    receipts.forget("swa_cone")
+    s, F, tail, other = 512, 1024, 100, 300
+    _randomize(pool, 14)
+    r2t = torch.zeros(4, PAGES * P, dtype=torch.int32)
+    fb = _batch(r2t, s=s, F=F, tail=tail, other=other)
+    import types
+
+    monkeypatch.setattr(cc, "copy_resident", lambda *a, **k: types.SimpleNamespace(
+        full_pages=2, buffers=0, bytes=0))              # reports a copy, moves nothing
+    assert _cone_with_plan(s, F, test=True).apply(fb, pool=pool, req_to_token=r2t, page_size=P) == []
+    counts = receipts.counters["swa_cone"]
+    assert counts["copies"] == 0 and counts["replays_aborted"] == 1
+
+
+@pytest.mark.parametrize("host, swa_host", [(256, 0), (0, 256)])
+def test_a_host_hit_keeps_the_stock_match(host, swa_host):
+    """A match served partly from the HiCache host pool: no candidate (the copy reads device KV)."""
+    import types
+
+    from adapter import receipts, swa_cone
+    from adapter.cpu import cpu_engine
+
+    receipts.forget("swa_cone")
+    cpu = cpu_engine.build_swa_cache(full_tokens=64 * P, swa_tokens=16 * P)
+    result = types.SimpleNamespace(swa_branching_seqlen=8 * P, device_prefix_len=P,
+                                   host_hit_length=host, swa_host_hit_length=swa_host)
+    assert swa_cone.Cone(1024, test=False).candidate(cpu.cache, None, result) is None
+    assert receipts.counters["swa_cone"]["fallback:host (HiCache) hit on the match; stock match "
+                                         "kept"] == 1
