@@ -211,10 +211,11 @@ def child_env() -> dict:
     return env
 
 
-def run(name: str, jobs: int, fresh: bool, quiet: bool, survivors: bool = False) -> int:
-    # survivors and the mutants a stopped run did not reach
-    again = sorted(k for k, v in results(name).items() if v not in ("killed", "timeout", "skipped")) \
-        if survivors else []
+def run(name: str, jobs: int, fresh: bool, quiet: bool, survivors: bool = False,
+        survived_only: bool = False) -> int:
+    # survivors and the mutants a stopped run did not reach (or only the survivors)
+    skip = ("killed", "timeout", "skipped") + (("not checked",) if survived_only else ())
+    again = sorted(k for k, v in results(name).items() if v not in skip) if survivors else []
     if survivors and not again:
         report(name, quiet)
         return 0
@@ -289,6 +290,8 @@ def main(argv=None) -> int:
     ap.add_argument("--report", action="store_true", help="print the last run's scores only")
     ap.add_argument("--survivors", action="store_true",
                     help="re-run only the last run's survivors and unchecked mutants")
+    ap.add_argument("--survived-only", action="store_true",
+                    help="with --survivors: leave the unchecked mutants for a later run")
     ap.add_argument("--quiet", action="store_true", help="survivor names without their diffs")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--min", type=float, default=None, help="exit 1 if a module scores below this %%")
@@ -310,7 +313,7 @@ def main(argv=None) -> int:
         if a.report:
             killed, total = report(n, a.quiet)
         else:
-            if run(n, a.jobs, a.fresh, a.quiet, a.survivors):
+            if run(n, a.jobs, a.fresh, a.quiet, a.survivors, a.survived_only):
                 return 2
             killed, total, _, _ = score(n)
         if a.min is not None and (not total or 100.0 * killed / total < a.min):

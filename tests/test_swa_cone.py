@@ -8,6 +8,7 @@ plus new tokens arrives.
 import logging
 
 import pytest
+import torch
 
 from adapter import receipts
 
@@ -84,6 +85,16 @@ def test_lost_resume_point_plans_a_replay_of_n_tokens(install_adapters, caplog, 
     from adapter import swa_cone
     plan = swa_cone.state().plans[req.rid]
     assert (plan.F, plan.s, plan.src_loc.numel()) == (F, s, N)
+    assert plan.tree is drv.cache                   # whose TP groups agree on a failed replay
+    assert plan.src_loc.dtype == torch.int64 and plan.src_loc.device.type == "cpu"
+    if backend == "python":
+        # the admission's lock (taken on the node at s) moved to the node at F: the node at s
+        # is locked once (by the new lock's path), not twice
+        from sglang.srt.mem_cache.unified_cache.components import BASE_COMPONENT_TYPE
+
+        node_s = drv.cache.tree_core.node_by_id(req.last_node)
+        assert req.lock.node != req.last_node
+        assert node_s.component_data[BASE_COMPONENT_TYPE].lock_ref == 1
     drv._extend(req, req.extend_end)
     from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
     if req.extend_end < len(prompt):
@@ -133,6 +144,7 @@ def test_replay_not_covered_by_the_first_chunk_keeps_the_stock_match(install_ada
 
 def test_intact_resume_point_is_a_stock_prefix_hit(install_adapters, caplog):
     install_adapters(_cone_env())
+    receipts.forget("swa_cone")
     cpu, drv, prompt = _setup("python", evict=False)
     req = _arrive(drv, prompt)
     assert req.prefix_len >= DOC // 256 * 256 - 256    # the window is still there
@@ -147,6 +159,7 @@ def test_intact_resume_point_is_a_stock_prefix_hit(install_adapters, caplog):
     assert [r.getMessage() for r in caplog.records if "probe: capture is on" in r.getMessage()]
     assert not any(" plan " in r.getMessage() for r in caplog.records)
     assert receipts.counters["swa_cone"]["plans"] == plans
+    assert not [k for k in receipts.counters["swa_cone"] if k.startswith("fallback:")]
 
 
 def test_admission_refused_leaves_the_stock_match(install_adapters):
@@ -180,8 +193,10 @@ def test_no_plan_where_the_dsv4_forward_side_cannot_run(install_adapters, caplog
     messages = [r.getMessage() for r in caplog.records]
     assert not [m for m in messages if " plan " in m]
     fallbacks = [m for m in messages if "swa_cone fallback" in m]
-    assert len(fallbacks) == 1 and f"served by backend {attention_backend!r}" in fallbacks[0]
-    assert "not DeepseekV4AttnBackend" in fallbacks[0]
+    assert len(fallbacks) == 1 and fallbacks[0].endswith(
+        f"swa_cone fallback: prefill attention served by backend {attention_backend!r}, not "
+        "DeepseekV4AttnBackend: nothing would copy, mask and floor the replay rows; stock match "
+        "kept (logged once)")
 
 
 @pytest.mark.parametrize("flag", ["--enable-decoder-swa-bounded-replay",

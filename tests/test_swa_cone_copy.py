@@ -6,6 +6,7 @@ the byte addressing of the pool's KVLayout (data rows, then the page's scale row
 row's loc maps to, a superset of what the compressors write.
 """
 import logging
+import weakref
 
 import pytest
 import torch
@@ -375,3 +376,148 @@ def test_no_copy_switch_says_so_for_every_replay(pool, caplog):
         f"TEST ONLY copy SKIPPED request={rid} rows=[{a},{b}): DSV41_SWA_CONE_TEST_NO_COPY=1, the "
         "replay rows' pages keep stale latents / index keys; this output is not cone's"
         for rid, a, b in (("A", s, F), ("B", 0, 256))]
+
+
+def _lines(caplog):
+    return [r.getMessage().split("[dsv41] swa_cone ", 1)[-1] for r in caplog.records]
+
+
+def test_both_replays_copy_and_a_failed_copy_does_not_stop_the_next(pool, caplog, monkeypatch):
+    from adapter import receipts, swa_cone
+
+    receipts.forget("swa_cone")
+    s, F, tail, other = 512, 1024, 100, 300
+    _randomize(pool, 13)
+    r2t = torch.zeros(4, PAGES * P, dtype=torch.int32)
+    fb = _batch(r2t, s=s, F=F, tail=tail, other=other)
+    cone = _two_plans(s, F, tail)
+    cone.test = True                                  # the copy self-check on (DSV41_SWA_CONE_TEST)
+    with caplog.at_level(logging.INFO, logger="sglang.dsv41"):
+        applied = cone.apply(fb, pool=pool, req_to_token=r2t, page_size=P)
+    assert [p.rid for p, _ in applied] == ["A", "B"] and receipts.counters["swa_cone"]["copies"] == 2
+    copies = [ln for ln in _lines(caplog) if ln.startswith("copy request=")]
+    assert [ln.split(" buffers=")[0] for ln in copies] == ["copy request=A rows=[512,1024) pages=2",
+                                                          "copy request=B rows=[0,256) pages=1"]
+    # A's source overlaps its destination (the copy's own page check refuses): B still copies
+    receipts.forget("swa_cone")
+    fb = _batch(r2t, s=s, F=F, tail=tail, other=other)
+    cone = _two_plans(s, F, tail)
+    cone.plans["A"].src_loc = _loc([9, 10])
+    applied = cone.apply(fb, pool=pool, req_to_token=r2t, page_size=P)
+    assert [p.rid for p, _ in applied] == ["B"] and receipts.counters["swa_cone"]["copies"] == 1
+
+
+@pytest.mark.parametrize("engine_has", ["compress rows", "replay fold"])
+def test_an_engine_encoder_replay_keeps_its_compress_rows(pool, engine_has):
+    from adapter import receipts
+
+    receipts.forget("swa_cone")
+    s, F, tail, other = 512, 1024, 100, 300
+    r2t = torch.zeros(4, PAGES * P, dtype=torch.int32)
+    fb = _batch(r2t, s=s, F=F, tail=tail, other=other)
+    mine = torch.arange(3)
+    if engine_has == "compress rows":
+        fb.encoder_swa_compress_rows = mine
+    else:
+        fb.encoder_swa_replay = True
+    _cone_with_plan(s, F, test=False).apply(fb, pool=pool, req_to_token=r2t, page_size=P)
+    assert (fb.encoder_swa_compress_rows is mine) if engine_has == "compress rows" else \
+        (fb.encoder_swa_compress_rows is None)
+    assert receipts.counters["swa_cone"]["fallback:engine encoder-replay fold owns the compress rows; "
+                                         "replay rows keep their own latent writes"] == 1
+    assert fb.encoder_swa_row_floor is not None                     # floored all the same
+
+
+def test_no_floor_switch_line_in_full(pool, caplog):
+    s, F, tail, other = 512, 1024, 100, 300
+    r2t = torch.zeros(4, PAGES * P, dtype=torch.int32)
+    fb = _batch(r2t, s=s, F=F, tail=tail, other=other)
+    with caplog.at_level(logging.INFO, logger="sglang.dsv41"):
+        _cone_with_plan(s, F, test=False, no_floor=True).apply(fb, pool=pool, req_to_token=r2t, page_size=P)
+    assert [ln for ln in _lines(caplog) if ln.startswith("TEST ONLY window floor")] == [
+        "TEST ONLY window floor REMOVED request=A rows=[512,1024): DSV41_SWA_CONE_TEST_NO_FLOOR=1, "
+        "replay rows read window slots below s=512 (evicted, the padding slot); this output is not "
+        "cone's"]
+
+
+def test_a_failed_mask_or_floor_fails_every_replay_of_the_batch(pool, monkeypatch):
+    from adapter import receipts
+    from adapter import swa_cone_copy as cc
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    receipts.forget("swa_cone")
+    s, F, tail, other = 512, 1024, 100, 300
+    r2t = torch.zeros(4, PAGES * P, dtype=torch.int32)
+    fb = _batch(r2t, s=s, F=F, tail=tail, other=other)
+    cone = _two_plans(s, F, tail)
+    reqs = {rid: Req(rid=rid, origin_input_text="", origin_input_ids=[1, 2, 3],
+                     sampling_params=SamplingParams(temperature=0, max_new_tokens=1)) for rid in "AB"}
+    for rid, plan in cone.plans.items():
+        plan.req = weakref.ref(reqs[rid])
+    monkeypatch.setattr(cc, "row_floor", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("planted")))
+    assert cone.apply(fb, pool=pool, req_to_token=r2t, page_size=P) == []
+    for rid in "AB":
+        assert "replay mask/floor failed (RuntimeError)" in reqs[rid].discard_output_reason.message
+    assert receipts.counters["swa_cone"]["replays_aborted"] == 2
+
+
+def test_a_batch_without_prefix_lengths_fails_its_replays(pool):
+    from adapter import receipts
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    receipts.forget("swa_cone")
+    s, F, tail, other = 512, 1024, 100, 300
+    r2t = torch.zeros(4, PAGES * P, dtype=torch.int32)
+    fb = _batch(r2t, s=s, F=F, tail=tail, other=other)
+    fb.extend_prefix_lens_cpu = None
+    cone = _cone_with_plan(s, F, test=False)
+    req = Req(rid="A", origin_input_text="", origin_input_ids=[1, 2, 3],
+              sampling_params=SamplingParams(temperature=0, max_new_tokens=1))
+    cone.plans["A"].req = weakref.ref(req)
+    assert cone.apply(fb, pool=pool, req_to_token=r2t, page_size=P) == [] and not cone.plans
+    assert req.discard_output_reason.message.startswith(
+        "swa_cone: the replay of tokens [512, 1024) could not be prepared (batch without readable "
+        "prefix lengths (TypeError))")
+    assert fb.encoder_swa_row_floor is None                          # nothing was prepared
+    # a batch that names no requests (no rids): nothing to do
+    nameless = _batch(r2t, s=s, F=F, tail=tail, other=other)
+    del nameless.rids
+    assert _cone_with_plan(s, F, test=False).apply(nameless, pool=pool, req_to_token=r2t, page_size=P) == []
+
+
+def test_the_copy_self_check_fails_a_copy_that_did_not_land(pool, monkeypatch):
+    """DSV41_SWA_CONE_TEST re-reads each copy: a copy that moved nothing fails its replay."""
+    from adapter import receipts
+    from adapter import swa_cone_copy as cc
+
+    receipts.forget("swa_cone")
+    s, F, tail, other = 512, 1024, 100, 300
+    _randomize(pool, 14)
+    r2t = torch.zeros(4, PAGES * P, dtype=torch.int32)
+    fb = _batch(r2t, s=s, F=F, tail=tail, other=other)
+    import types
+
+    monkeypatch.setattr(cc, "copy_resident", lambda *a, **k: types.SimpleNamespace(
+        full_pages=2, buffers=0, bytes=0))              # reports a copy, moves nothing
+    assert _cone_with_plan(s, F, test=True).apply(fb, pool=pool, req_to_token=r2t, page_size=P) == []
+    counts = receipts.counters["swa_cone"]
+    assert counts["copies"] == 0 and counts["replays_aborted"] == 1
+
+
+@pytest.mark.parametrize("host, swa_host", [(256, 0), (0, 256)])
+def test_a_host_hit_keeps_the_stock_match(host, swa_host):
+    """A match served partly from the HiCache host pool: no candidate (the copy reads device KV)."""
+    import types
+
+    from adapter import receipts, swa_cone
+    from adapter.cpu import cpu_engine
+
+    receipts.forget("swa_cone")
+    cpu = cpu_engine.build_swa_cache(full_tokens=64 * P, swa_tokens=16 * P)
+    result = types.SimpleNamespace(swa_branching_seqlen=8 * P, device_prefix_len=P,
+                                   host_hit_length=host, swa_host_hit_length=swa_host)
+    assert swa_cone.Cone(1024, test=False).candidate(cpu.cache, None, result) is None
+    assert receipts.counters["swa_cone"]["fallback:host (HiCache) hit on the match; stock match "
+                                         "kept"] == 1
