@@ -163,6 +163,23 @@ def _build_tokenizer(out: pathlib.Path, special_tokens=("<pad>", "<s>", "</s>"),
     fast.save_pretrained(str(out))
 
 
+def resolve_transformers_names() -> None:
+    """Look up, in the calling thread, every transformers name the harness and its tests resolve
+    (each recipe's config and model class, the tokenizer classes). transformers' lazy module is
+    not safe on a first lookup that races another thread's import of its submodules: in an e2e
+    session whose background boot lane was loading a tokenizer, the main thread's
+    `getattr(transformers, "LlamaConfig")` raised AttributeError (seen once, beside a loaded
+    machine). The e2e session calls this before its lane starts; looked up once, a name stays."""
+    import transformers
+
+    for recipe in RECIPES.values():
+        if recipe.name == "dsv4":
+            continue        # written without transformers' classes (_build_dsv4)
+        getattr(transformers, recipe.config_class)
+        getattr(transformers, recipe.model_class)
+    transformers.AutoTokenizer, transformers.PreTrainedTokenizerFast, transformers.AutoConfig
+
+
 def _weights(recipe: ModelRecipe, config) -> dict:
     import torch
     import transformers

@@ -45,6 +45,9 @@ def pytest_collection_modifyitems(session, config, items):
 
 @pytest.fixture(scope="session", autouse=True)
 def boots(request, tmp_path_factory, _count_boots):
+    from adapter.cpu import models
+
+    models.resolve_transformers_names()     # in this thread, before the lane's thread starts
     shared = Boots(tmp_path_factory.mktemp("e2e-boots"))
     shared.prefetch(getattr(request.config, "_dsv41_lane", ()))
     for name, fn in getattr(request.config, "_dsv41_jobs", ()):
