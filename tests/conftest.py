@@ -70,6 +70,13 @@ def run_python(code: str, env: dict | None = None, args=(), argv=(), timeout=300
                           capture_output=True, text=True, timeout=timeout)
 
 
+def lock_pins(path) -> dict[str, str]:
+    """{name: version} of the `name==version` lines of a requirements lock under the repo."""
+    import re
+
+    return dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", (REPO_ROOT / path).read_text(), re.M))
+
+
 def close_zmq_sockets(obj) -> int:
     """Close the zmq sockets an engine object holds (linger 0) and terminate their context; the
     number closed. The engine's TokenizerManager binds its sockets (linger -1: wait forever for

@@ -7,15 +7,11 @@ import shutil
 
 import pytest
 
-from conftest import REPO_ROOT
-
-
-def _pins(path):
-    return dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", (REPO_ROOT / path).read_text(), re.M))
+from conftest import REPO_ROOT, lock_pins
 
 
 def test_test_tools_are_pinned_as_in_the_cpu_lock():
-    tools, cpu = _pins("requirements/test-tools.lock"), _pins("requirements/cpu.lock")
+    tools, cpu = lock_pins("requirements/test-tools.lock"), lock_pins("requirements/cpu.lock")
     assert {"pytest", "pytest-timeout", "hypothesis", "matplotlib"} <= set(tools)
     assert {name: cpu.get(name) for name in tools} == tools
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import zipfile
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, lock_pins
 
 SOURCES = ("adapter", "runtime")
 NOT_SHIPPED = ("__pycache__", ".pyc")
@@ -58,25 +58,17 @@ def test_the_wheel_holds_every_source_and_data_file(tmp_path):
     assert not [n for n in names if n.startswith("runtime/build/") or n.endswith((".so", ".pyc"))]
 
 
-def _pins(path) -> dict[str, str]:
-    pins = {}
-    for line in (REPO_ROOT / path).read_text().splitlines():
-        line = line.split("#")[0].strip()
-        if "==" in line:
-            name, version = line.split("==")
-            pins[name.strip().lower()] = version.strip()
-    return pins
-
-
 def test_the_images_install_the_packages_own_dependencies_pinned():
     """The images install the wheel --no-deps (the engine's packages must not move), so its own
     dependencies come from requirements/runtime.lock: every one pyproject declares, at the
     version the developers' .venv runs (requirements/cpu.lock)."""
     import tomllib
 
+    from packaging.requirements import Requirement
+
     declared = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    names = {d.split("=")[0].split(">")[0].split("<")[0].strip().lower() for d in declared}
-    runtime, cpu = _pins("requirements/runtime.lock"), _pins("requirements/cpu.lock")
+    names = {Requirement(d).name for d in declared}
+    runtime, cpu = lock_pins("requirements/runtime.lock"), lock_pins("requirements/cpu.lock")
     assert set(runtime) == names
     assert {n: cpu.get(n) for n in runtime} == runtime
     assert "requirements/runtime.lock" in (REPO_ROOT / "scripts/image_install.sh").read_text()
