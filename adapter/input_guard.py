@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import time
 import typing
 from array import array
@@ -61,6 +62,7 @@ from array import array
 import numpy as np
 
 from adapter import receipts
+from adapter.tp_group import all_reduce_max
 
 NAME = "input_guard"
 KEY = "DSV41_INPUT_GUARD"
@@ -658,6 +660,38 @@ def live_reqs(scheduler) -> list:
     return out
 
 
+# --- the grammar step bound: time per grammar call on this rank, verdict agreed per batch --------
+XG = "sglang.srt.constrained.xgrammar_backend"
+
+
+def note_step_time(grammar, began: float) -> None:
+    """Keep the slowest call (microseconds, this rank's clock) of a grammar since the last batch's
+    agreement. A measurement only: the verdict is taken from the TP group's agreed value."""
+    spent = int((time.perf_counter() - began) * 1e6)
+    if spent > getattr(grammar, "_dsv41_step_us", 0):
+        grammar._dsv41_step_us = spent
+
+
+def xgrammar_of(req, xgrammar_cls):
+    """The engine's XGrammarGrammar behind a request's grammar, or None: a reasoning parser wraps
+    it in a ReasonerGrammarObject whose `grammar` is the backend's."""
+    grammar = getattr(req, "grammar", None)
+    for _ in range(3):
+        if grammar is None or isinstance(grammar, xgrammar_cls):
+            return grammar
+        grammar = getattr(grammar, "grammar", None)
+    return None
+
+
+def agreed_step_us(grammars, group, world: int, reduce=all_reduce_max) -> list[int]:
+    """Each grammar's slowest call since the last agreement, MAX over the TP group (every rank
+    gets the same list, in the batch's order, which is the same on every rank); one rank: its own."""
+    local = [int(getattr(g, "_dsv41_step_us", 0)) for g in grammars]
+    if world <= 1 or group is None:
+        return local
+    return reduce(local, group)
+
+
 def install(ctx) -> str:
     counters = ctx.counters
     kinds = declared_kinds()        # the engine's declared types of the guarded fields
@@ -728,65 +762,85 @@ def install(ctx) -> str:
                 once("abort_exact", "kept an abort exact: the abort of rid %r left %d running "
                      "request(s) whose rid starts with it untouched (logged once)", rid, len(hidden))
 
-    budget_s = limits.grammar_step_ms / 1000.0
-    bound_state: dict = {}
+    budget_us = limits.grammar_step_ms * 1000
+    layout: dict = {}
 
-    def bound_acts() -> bool:
-        """The grammar step bound finishes a request on a local clock's reading, so it may act only
-        where one rank runs that request's grammar: every rank of an attention-TP / CP / PP group
-        runs it and would time it differently, and a request finished on one rank and not on its
-        peers splits their batches (no decision that all ranks make alike reads a clock). Decided
-        once per process, from the engine's published parallel layout."""
-        if "acts" not in bound_state:
-            reason = None
+    def bound_layout(scheduler) -> tuple[bool, object, int]:
+        """(acts, gloo group, ranks) of the grammar step bound in this scheduler process, decided
+        once from the engine's parallel layout. Every rank of the scheduler's DP-local TP group
+        runs each request's grammar (the group the engine itself agrees grammar readiness over,
+        `GrammarManager.grammar_sync_group`), so each step's verdict is agreed over it. Context-
+        and pipeline-parallel ranks follow other paths: the bound stays off there, said once."""
+        if "acts" not in layout:
+            reason, group, world = None, None, 1
             try:
                 from sglang.srt.runtime_context import get_parallel
 
                 parallel = get_parallel()
-                ranks = parallel.attn_tp_size * parallel.attn_cp_size * parallel.pp_size
-                if ranks != 1:
-                    reason = f"{ranks} ranks (attention TP x CP x PP) run each request's grammar"
+                others = parallel.attn_cp_size * parallel.pp_size
+                if others != 1:
+                    reason = (f"{others} context- / pipeline-parallel ranks (attention CP x PP) run "
+                              "each request's grammar; the bound agrees over the TP group only")
+                else:
+                    world = int(scheduler.dp_tp_group.world_size)
+                    group = scheduler.dp_tp_cpu_group if world > 1 else None
             except Exception as exc:  # noqa: BLE001 - an unknown layout: stay off, say why
                 reason = f"the parallel layout is unknown here ({type(exc).__name__})"
-            bound_state["acts"] = reason is None
+            layout.update(acts=reason is None, group=group, world=world)
             if reason is not None:
                 ctx.fallback(f"grammar step bound off: {reason}; a request finished on one rank's "
                              "clock would split the ranks' batches (grammar compilation stays "
                              "bounded by the engine's grammar timeout)")
-        return bound_state["acts"]
+        return layout["acts"], layout["group"], layout["world"]
 
-    def over_budget(grammar, what: str, seconds: float) -> str:
-        message = (f"dsv41 input_guard: this request's grammar took {seconds * 1000:.0f} ms in one "
-                   f"decode step ({what}), over this line's limit of {limits.grammar_step_ms} ms "
-                   f"({LIMIT_KEYS['grammar_step_ms']}); the request is finished, the batch goes on")
-        grammar._dsv41_over_budget = message
-        once("grammar_step", "finished a request whose grammar step took %.0f ms (%s), over "
-             "%d ms (logged once)", seconds * 1000, what, limits.grammar_step_ms)
-        return message
+    def over_budget(grammar, us: int, world: int) -> None:
+        ranks = "this rank's" if world == 1 else f"the slowest of {world} TP ranks"
+        grammar._dsv41_over_budget = (
+            f"dsv41 input_guard: this request's grammar took {us / 1000:.0f} ms in one decode step "
+            f"({ranks}), over this line's limit of {limits.grammar_step_ms} ms "
+            f"({LIMIT_KEYS['grammar_step_ms']}); the request is finished, the batch goes on")
+        once("grammar_step", "finished a request whose grammar took %.0f ms in one decode step "
+             "(%s), over %d ms (logged once)", us / 1000, ranks, limits.grammar_step_ms)
 
     def accept_token(original, self, token):
-        if not bound_acts():
-            return original(self, token)
         message = getattr(self, "_dsv41_over_budget", None)
         if message is not None:
             raise ValueError(message)            # the engine finishes that request (FINISH_ABORT)
         began = time.perf_counter()
         out = original(self, token)
-        spent = time.perf_counter() - began
-        if spent > budget_s:
-            raise ValueError(over_budget(self, "accept_token", spent))
+        note_step_time(self, began)
         return out
 
     def fill_vocab_mask(original, self, vocab_mask, idx):
-        if not bound_acts():
-            return original(self, vocab_mask, idx)
         if getattr(self, "_dsv41_over_budget", None) is not None:
             return None                          # no more grammar work: accept_token finishes it
         began = time.perf_counter()
         out = original(self, vocab_mask, idx)
-        spent = time.perf_counter() - began
-        if spent > budget_s:
-            over_budget(self, "fill_vocab_mask", spent)
+        note_step_time(self, began)
+        return out
+
+    def process_batch_result(original, self, batch, result):
+        """After each batch's result, on every rank at the same point of its loop: the slowest
+        grammar call of each of the batch's grammar requests since the last batch, agreed (MAX)
+        over the TP group; a request over the bound is marked on every rank alike, and its next
+        accept_token finishes it through the engine's own grammar error path."""
+        out = original(self, batch, result)
+        try:
+            xgrammar = importlib.import_module(XG).XGrammarGrammar
+            grammars = [g for g in (xgrammar_of(req, xgrammar) for req in (batch.reqs or ()))
+                        if g is not None]
+            if not grammars:                     # the same batch on every rank: all skip alike
+                return out
+            acts, group, world = bound_layout(self)
+            agreed = agreed_step_us(grammars, group, world) if acts else [0] * len(grammars)
+        except Exception as exc:  # noqa: BLE001 - never into the scheduler loop; nothing marked
+            ctx.fallback(f"grammar step bound skipped a batch: {type(exc).__name__} while agreeing "
+                         "its grammar step times; no request finished by the bound there")
+            return out
+        for grammar, us in zip(grammars, agreed):
+            grammar._dsv41_step_us = 0
+            if us > budget_us and getattr(grammar, "_dsv41_over_budget", None) is None:
+                over_budget(grammar, us, world)
         return out
 
     async def _refuse_session(what: str):
@@ -805,8 +859,8 @@ def install(ctx) -> str:
     ctx.around("Scheduler.abort_request", abort_request)
     ctx.around("XGrammarGrammar.accept_token", accept_token)
     ctx.around("XGrammarGrammar.fill_vocab_mask", fill_vocab_mask)
+    ctx.around("Scheduler.process_batch_result", process_batch_result)
     if re2 is not None:
-        import importlib
         import re
 
         schedule_batch = importlib.import_module(SB)
@@ -821,5 +875,6 @@ def install(ctx) -> str:
             "the limit; a request the guard cannot check gets 400 too; "
             + ("stop_regex runs on RE2 (linear time)" if re2 is not None else
                "stop_regex refused (RE2, google-re2, not installed)")
-            + f"; a grammar step over {limits.grammar_step_ms} ms finishes its request; aborts "
+            + f"; a grammar step over {limits.grammar_step_ms} ms (the slowest TP rank's, agreed "
+              "after each batch) finishes its request; aborts "
               "match rids exactly")

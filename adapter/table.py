@@ -258,8 +258,8 @@ HOOKS: tuple[Hook, ...] = (
         "sglang.srt.constrained.grammar_manager:GrammarManager.abort_requests",
         f"{_IO}:AbortReq.rid", f"{_IO}:AbortReq.abort_all", f"{_SB}:Req.rid")),
     # input_guard: a grammar step is time-bounded per request (xgrammar, the engine's default
-    # backend): over the bound the request is finished through the engine's own accept_token
-    # error path, the batch goes on.
+    # backend): each call timed on this rank; a request over the bound (agreed below) is finished
+    # through the engine's own accept_token error path, the batch goes on.
     Hook("input_guard", _XG, "XGrammarGrammar.accept_token", touches=(
         "sglang.srt.managers.scheduler_components.batch_result_processor:"
         "SchedulerBatchResultProcessor._apply_prefill_grammar",
@@ -267,6 +267,16 @@ HOOKS: tuple[Hook, ...] = (
         "SchedulerBatchResultProcessor._accept_grammar_tokens")),
     Hook("input_guard", _XG, "XGrammarGrammar.fill_vocab_mask", touches=(
         "sglang.srt.constrained.base_grammar_backend:BaseGrammarObject.fill_vocab_mask_batched",)),
+    # input_guard: the step's verdict, agreed (MAX of each grammar's slowest call) over the
+    # scheduler's DP-local TP group (the group the engine agrees grammar readiness over) after
+    # each batch's result, so every rank finishes the same request at the same step.
+    Hook("input_guard", _SCHED, "Scheduler.process_batch_result", touches=(
+        f"{_SCHED}:Scheduler.dp_tp_group", f"{_SCHED}:Scheduler.dp_tp_cpu_group",
+        f"{_PS}:GroupCoordinator.world_size", f"{_RC}:get_parallel",
+        f"{_RC}:ParallelContext._read",    # how attn_cp_size / pp_size resolve (published widths)
+        "sglang.srt.constrained.grammar_manager:GrammarManager.grammar_sync_group",
+        f"{_SB}:ScheduleBatch.reqs", f"{_SB}:Req.grammar",
+        "sglang.srt.constrained.reasoner_grammar_backend:ReasonerGrammarObject.grammar")),
     # admin_guard: where the engine adds its auth middleware (before uvicorn starts), add ours
     # when no admin key is configured: ADMIN_OPTIONAL routes get the engine's ADMIN_FORCE answer
     # (403) through the engine's own route match and decision; its post-warmup /freeze_gc passes.

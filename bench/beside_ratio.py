@@ -2,8 +2,12 @@
 request, over its tokens/s beside a plain request of the same length (a ratio; 1.0 = no cost).
 
     .venv/bin/python bench/beside_ratio.py [--line production|stock] [--rounds 3]
+        [--nodes 2] [--grammar-step-ms MS] [--only "ambiguous grammar"]
 
-One CPU server (dense tiny model) of the line. Each round, for each neighbour, starts the
+One CPU server (dense tiny model) of the line; `--nodes 2`: the production topology on this
+machine (two launch processes, `--tp-size 2`, the TP group over gloo: the grammar step bound's
+verdict is agreed over it); `--grammar-step-ms` sets DSV41_INPUT_GUARD_GRAMMAR_STEP_MS on the line
+(600000: in effect no bound); `--only` runs the plain reference and the named neighbours. Each round, for each neighbour, starts the
 neighbour and, 2 s later, a greedy stream of STREAM_TOKENS tokens, and times the stream from its
 submission to its last token. Neighbours: a plain greedy request (the reference), an ambiguous
 regex grammar, a backtracking stop_regex (RE2 on the production line), many long stop strings
@@ -76,16 +80,27 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--line", choices=("production", "stock"), default="production")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--nodes", type=int, default=1, help="launch processes, one TP rank each")
+    ap.add_argument("--grammar-step-ms", type=int, default=None)
+    ap.add_argument("--only", action="append", default=[], help="a neighbour's name (repeatable)")
     a = ap.parse_args(argv)
     keys, args, _ = canary.split_line(profile.load_line(REPO_ROOT / ".env.tp4.example",
                                                         "production" if a.line == "production" else "control"))
     if a.line == "stock":
         keys = {}
-    rates: dict = {name: [] for name in neighbours()}
+    if a.grammar_step_ms is not None:
+        keys = {**keys, "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS": str(a.grammar_step_ms)}
+    if a.nodes > 1:
+        args = {**args, "--tp-size": str(a.nodes)}
+    chosen = {name: body for name, body in neighbours().items()
+              if not a.only or name == "plain" or name in a.only}
+    rates: dict = {name: [] for name in chosen}
     answers: dict = {}
-    with CpuServer("dense", keys=keys, args=args, name=f"beside-{a.line}") as server:
+    label = f"{a.line}, {a.nodes} node(s)" + (f", grammar step {a.grammar_step_ms} ms"
+                                               if a.grammar_step_ms is not None else "")
+    with CpuServer("dense", keys=keys, args=args, name=f"beside-{a.line}", nodes=a.nodes) as server:
         for _ in range(a.rounds):
-            for name, body in neighbours().items():
+            for name, body in chosen.items():
                 with cf.ThreadPoolExecutor(1) as pool:
                     job = pool.submit(requests.post, server.url + "/generate", json=body, timeout=600)
                     time.sleep(2.0)             # the neighbour is decoding
@@ -93,7 +108,7 @@ def main(argv=None) -> int:
                     resp = job.result(timeout=600)
                 answers[name] = f"{resp.status_code} {resp.text[:100]}"
     ref = statistics.median(rates["plain"])
-    print(f"beside_ratio ({a.line}, {a.rounds} rounds): a {STREAM_TOKENS}-token stream's tokens/s "
+    print(f"beside_ratio ({label}, {a.rounds} rounds): a {STREAM_TOKENS}-token stream's tokens/s "
           f"beside each neighbour / beside a plain one ({ref:.1f} tok/s)")
     for name, values in rates.items():
         print(f"  {name:26s} {statistics.median(values) / ref:5.2f}   neighbour: {answers[name]}")

@@ -187,7 +187,8 @@ def test_the_receipt_names_every_guarded_field(install_adapters):
     assert hooks == ["TokenizerManager._create_tokenized_object", "TokenizerControlMixin.open_session",
                      "TokenizerControlMixin.close_session",
                      "TokenizerManager.generate_request", "Scheduler.abort_request",
-                     "XGrammarGrammar.accept_token", "XGrammarGrammar.fill_vocab_mask"]
+                     "XGrammarGrammar.accept_token", "XGrammarGrammar.fill_vocab_mask",
+                     "Scheduler.process_batch_result"]
     for field in input_guard.FIELDS:
         assert field.name in receipt, field.name
     assert "stop_regex runs on RE2" in receipt and "aborts match rids exactly" in receipt
@@ -548,28 +549,6 @@ def _grammars(monkeypatch):
     return fast, slow, np.zeros((2, VOCAB // 32), np.int32)
 
 
-def test_a_grammar_step_over_the_bound_finishes_only_its_request(install_adapters, monkeypatch):
-    """One rank runs each request's grammar (attention TP x CP x PP = 1): a step over the bound
-    finishes that request; the other goes on."""
-    from sglang.srt.runtime_context import get_parallel
-
-    install_adapters({**KEYS, "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS": "20"})
-    fast, slow, mask = _grammars(monkeypatch)
-    with get_parallel().override(attn_tp_size=1, attn_cp_size=1, pp_size=1):
-        fast.fill_vocab_mask(mask, 0)
-        fast.accept_token(5)
-        slow.fill_vocab_mask(mask, 1)                           # 50 ms > 20 ms: marked
-        with pytest.raises(ValueError, match=r"grammar took 50 ms in one decode step "
-                                             r"\(fill_vocab_mask\), over this line's limit of 20 ms "
-                                             r"\(DSV41_INPUT_GUARD_GRAMMAR_STEP_MS\)"):
-            slow.accept_token(5)                                # the engine finishes that request
-        calls = slow.matcher.calls
-        slow.fill_vocab_mask(mask, 1)                           # no more grammar work for it
-        assert slow.matcher.calls == calls
-        fast.accept_token(6)                                    # the other request goes on
-    assert fast.accepted_tokens == [5, 6]
-
-
 # TP 4 as the production line lays it out, every width the engine validates consistent with it
 # (another test in the same worker may have published a whole ServerArgs: tp_size, the MoE widths).
 TP4_ONE_NODE = dict(tp_size=4, attn_tp_size=4, attn_dp_size=1, attn_cp_size=1, moe_tp_size=4,
@@ -577,21 +556,136 @@ TP4_ONE_NODE = dict(tp_size=4, attn_tp_size=4, attn_dp_size=1, attn_cp_size=1, m
                     attn_dp_rank=0, attn_cp_rank=0)
 
 
-def test_the_grammar_step_bound_stays_off_where_several_ranks_run_the_grammar(install_adapters, monkeypatch,
-                                                                            caplog):
-    """TP 4 (the production line): each rank would time the step on its own clock and might
-    finish the request where its peers do not; the bound stays off, one fallback line says why."""
+class _GrammarReq:
+    """What the hook reads of a request: its grammar (the engine's Req needs a tokenizer and a
+    scheduler around it; the grammar under test is the engine's XGrammarGrammar)."""
+
+    def __init__(self, grammar):
+        self.grammar = grammar
+        self.finished = False
+
+
+def _grammar_scheduler(world=1, group=None, tokens=(5,)):
+    """The engine's Scheduler class with only what its process_batch_result reads (a real one is a
+    server boot: tests/e2e): the decode result processor stands for the engine's, which fills each
+    grammar's mask and accepts its token (the engine's XGrammarGrammar calls, timed by the guard)."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    sched = Scheduler.__new__(Scheduler)
+    sched.dp_tp_group = types.SimpleNamespace(world_size=world)
+    sched.dp_tp_cpu_group = group
+    sched.publish_load_snapshot = lambda force=False: None
+    sched.load_publisher = types.SimpleNamespace(publish_load_stat=lambda *a, **k: None)
+    sched.load_inquirer = types.SimpleNamespace(get_loads=None)
+    sched.scheduler_stage_metrics = None           # the engine's stage recorder: off
+    sched.tree_cache = types.SimpleNamespace(flush_pending_backups=lambda: None)
+    sched._record_step_counters = lambda batch, result: None
+    sched.metrics_reporter = types.SimpleNamespace(log_batch_result_stats=lambda *a: None,
+                                                   update_device_timer=lambda: None)
+    sched.enable_fpm = False
+    sched._maybe_clear_mm_inputs = lambda batch: None
+    sched.maybe_send_health_check_signal = lambda: None
+    sched.accept_errors = []
+
+    def decode(batch, result):
+        live = [req for req in batch.reqs if not req.finished]    # a finished request has left
+        mask = np.zeros((len(live), VOCAB // 32), np.int32)
+        for i, req in enumerate(live):
+            req.grammar.fill_vocab_mask(mask, i)
+        for req in live:                           # as _accept_grammar_tokens: ValueError aborts
+            try:
+                for token in tokens:
+                    req.grammar.accept_token(token)
+            except ValueError as exc:
+                sched.accept_errors.append(str(exc))
+                req.finished = True
+
+    sched.batch_result_processor = types.SimpleNamespace(process_batch_result_decode=decode)
+    return sched
+
+
+def _decode_batch(*grammars):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    return types.SimpleNamespace(reqs=[_GrammarReq(g) for g in grammars], forward_mode=ForwardMode.DECODE)
+
+
+def test_a_grammar_step_over_the_bound_finishes_only_its_request(install_adapters, monkeypatch):
+    """One rank runs each request's grammar: a step over the bound marks that request after the
+    batch's result; its next accept_token finishes it, the other request goes on."""
     from sglang.srt.runtime_context import get_parallel
 
     install_adapters({**KEYS, "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS": "20"})
-    fast, slow, mask = _grammars(monkeypatch)
+    fast, slow, _ = _grammars(monkeypatch)
+    sched = _grammar_scheduler()
+    batch = _decode_batch(fast, slow)
+    with get_parallel().override(attn_cp_size=1, pp_size=1):
+        sched.process_batch_result(batch, None)             # slow: 50 ms a call > 20 ms: marked
+        assert sched.accept_errors == []                    # not finished within the step
+        calls = slow.matcher.calls
+        sched.process_batch_result(batch, None)
+    assert slow.matcher.calls == calls                      # no more grammar work for it
+    (error,) = sched.accept_errors
+    assert error.startswith("dsv41 input_guard: this request's grammar took 50 ms in one decode "
+                            "step (this rank's), over this line's limit of 20 ms "
+                            "(DSV41_INPUT_GUARD_GRAMMAR_STEP_MS)")
+    assert fast.accepted_tokens == [5, 5]                   # the other request goes on
+
+
+def test_a_grammar_step_within_the_bound_is_left_alone(install_adapters, monkeypatch):
+    """The control: the same slow grammar with the bound above its step time runs every step."""
+    from sglang.srt.runtime_context import get_parallel
+
+    install_adapters({**KEYS, "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS": "60"})
+    _, slow, _ = _grammars(monkeypatch)
+    sched = _grammar_scheduler()
+    with get_parallel().override(attn_cp_size=1, pp_size=1):
+        for _ in range(3):
+            sched.process_batch_result(_decode_batch(slow), None)
+    assert sched.accept_errors == [] and slow.accepted_tokens == [5, 5, 5]
+
+
+def test_the_verdict_is_the_groups_max_not_this_ranks(install_adapters, monkeypatch):
+    """TP 4 (the production line): this rank's grammar steps are fast, the group's MAX (another
+    rank's clock) is over the bound: this rank finishes the request too, at the same step."""
+    from sglang.srt.runtime_context import get_parallel
+
+    install_adapters({**KEYS, "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS": "20"})
+    fast, _, _ = _grammars(monkeypatch)
+    seen = []
+
+    def group_max(values, group):                          # the all-reduce: another rank's 90 ms
+        seen.append(list(values))
+        return [max(v, 90_000) for v in values]
+
+    monkeypatch.setattr(input_guard, "all_reduce_max", group_max)
+    monkeypatch.setattr(input_guard.agreed_step_us, "__defaults__", (group_max,))
+    sched = _grammar_scheduler(world=4, group="the gloo group")
+    batch = _decode_batch(fast)
     with get_parallel().override(**TP4_ONE_NODE):
-        slow.fill_vocab_mask(mask, 1)
-        slow.accept_token(5)                                    # slow, and not finished
-        slow.accept_token(6)
-    assert slow.accepted_tokens == [5, 6]
-    assert ("input_guard fallback: grammar step bound off: 4 ranks (attention TP x CP x PP) run each "
-            "request's grammar") in caplog.text
+        sched.process_batch_result(batch, None)
+        sched.process_batch_result(batch, None)
+    assert seen and seen[0] == [0]                         # this rank's own: 0 ms
+    (error,) = sched.accept_errors
+    assert "took 90 ms in one decode step (the slowest of 4 TP ranks)" in error
+
+
+def test_the_grammar_step_bound_stays_off_beside_context_or_pipeline_parallel_ranks(
+        install_adapters, monkeypatch, caplog):
+    """PP 2: the later stage's ranks follow the first stage's grammar by another path; the bound
+    stays off (one fallback line says why) and the slow request is not finished."""
+    from sglang.srt.runtime_context import get_parallel
+
+    install_adapters({**KEYS, "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS": "20"})
+    _, slow, _ = _grammars(monkeypatch)
+    sched = _grammar_scheduler()
+    with get_parallel().override(**{**TP4_ONE_NODE, "tp_size": 2, "attn_tp_size": 2, "moe_tp_size": 2,
+                                    "pp_size": 2}):
+        for _ in range(3):
+            sched.process_batch_result(_decode_batch(slow), None)
+    assert sched.accept_errors == [] and slow.accepted_tokens == [5, 5, 5]
+    assert ("input_guard fallback: grammar step bound off: 2 context- / pipeline-parallel ranks "
+            "(attention CP x PP) run each request's grammar") in caplog.text
 
 
 # --- every route of the engine's HTTP app: the request routes pass the one check ------------------
@@ -745,3 +839,84 @@ def test_with_sampling_on_every_value_that_killed_stock_got_400_on_the_line():
     assert dies, "the table records no death: the measurement did not run"
     assert all(r["production"] == "400" for r in dies), [r for r in dies if r["production"] != "400"]
     assert not [r for r in rows if r["production"] == "dies"]
+
+
+# --- the grammar verdict over a real gloo group of two processes ---------------------------------
+
+GRAMMAR_CHILD = r"""
+import json, sys, types
+import numpy as np
+import torch.distributed as dist
+
+rank, mode, init, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+sys.path.insert(0, "tests")
+from adapter.cpu import cpu_engine
+cpu_engine.install_torchvision_shim()
+from adapter import input_guard, installer
+from sglang.srt.constrained.xgrammar_backend import XGrammarGrammar
+from sglang.srt.runtime_context import get_parallel
+import test_input_guard as t
+
+installer.set_mode("report")
+state = installer.install_in_process({"DSV41_INPUT_GUARD": "1",
+                                      "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS": "20"})["input_guard"]
+assert state.status == "installed", state.detail
+clock = {"now": 0.0}
+input_guard.time.perf_counter = lambda: clock["now"]
+# the same request on both ranks; its grammar calls take 50 ms on rank 0's clock, 1 ms on rank 1's
+grammar = XGrammarGrammar(t._SlowMatcher(0.05 if rank == 0 else 0.001, clock), t.VOCAB, None, None)
+if mode == "local":                    # the agreement replaced by each rank's own reading
+    input_guard.agreed_step_us.__defaults__ = (lambda values, group: values,)
+sched = t._grammar_scheduler(world=2, group=dist.new_group([0, 1], backend="gloo"))
+batch = t._decode_batch(grammar)
+steps = []
+with get_parallel().override(**{**t.TP4_ONE_NODE, "tp_size": 2, "attn_tp_size": 2, "moe_tp_size": 2}):
+    for step in range(3):
+        sched.process_batch_result(batch, None)
+        steps.append(len(sched.accept_errors))
+json.dump({"finished_at": steps, "errors": sched.accept_errors, "accepted": grammar.accepted_tokens},
+          open(out, "w"))
+dist.destroy_process_group()
+"""
+
+
+def _two_grammar_ranks(tmp_path, mode):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO_ROOT
+
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/root"),
+           "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
+    init = f"file://{tmp_path}/rendezvous-{mode}"
+    outs = [tmp_path / f"{mode}-rank{r}.json" for r in (0, 1)]
+    procs = [subprocess.Popen([sys.executable, "-c", GRAMMAR_CHILD, str(r), mode, init, str(outs[r])],
+                              env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for r in (0, 1)]
+    try:
+        logs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
+    return [json.loads(o.read_text()) for o in outs]
+
+
+def test_both_ranks_finish_the_grammar_request_at_the_same_step(tmp_path):
+    """Rank 0's clock reads 50 ms a call, rank 1's 1 ms (limit 20): agreed, both finish the request
+    at the second step, with the same message."""
+    r0, r1 = _two_grammar_ranks(tmp_path, "agree")
+    assert r0["finished_at"] == r1["finished_at"] == [0, 1, 1], (r0, r1)
+    assert r0["errors"] == r1["errors"] and "(the slowest of 2 TP ranks)" in r0["errors"][0]
+    assert r0["accepted"] == r1["accepted"] == [5]
+
+
+def test_without_the_agreement_the_ranks_split(tmp_path):
+    """The control of the one above: each rank's own reading finishes the request on rank 0 only;
+    the two ranks' batches would differ from there on."""
+    r0, r1 = _two_grammar_ranks(tmp_path, "local")
+    assert r0["finished_at"] == [0, 1, 1] and r1["finished_at"] == [0, 0, 0], (r0, r1)

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
+from adapter.tp_group import all_reduce_max, engine_group  # noqa: F401 - engine_group: swan's seam
+
 KEY = "DSV41_SWAN_SELFCHECK"
 PLANT_KEY = "DSV41_SWAN_SELFCHECK_TEST_PLANT"
 OFF, PER_KEY, WHOLE = 0, 1, 2
@@ -149,31 +151,7 @@ def fingerprint(serial: int, kwargs: Mapping[str, Any]) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------
-# the TP agreement
-
-def engine_group():
-    """(gloo CPU group, world size, rank in group) of the engine's attention TP group: the ranks
-    that run the same decode call on their share of the heads (the whole TP group without DP
-    attention, as on the cluster). (None, 1, 0) in a process without the engine's groups (tests,
-    `dsv41 check`)."""
-    from sglang.srt.runtime_context import get_parallel
-
-    try:
-        group = get_parallel().attn_tp_group
-    except (RuntimeError, ValueError, AttributeError):   # groups not built in this process
-        return None, 1, 0
-    return group.cpu_group, int(group.world_size), int(group.rank_in_group)
-
-
-def all_reduce_max(values: list[int], group) -> list[int]:
-    """Element-wise MAX of `values` over `group` (torch.distributed, gloo: CPU tensors)."""
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor(values, dtype=torch.int64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return [int(v) for v in t.tolist()]
-
+# the TP agreement (the group and its all-reduce: adapter/tp_group.py)
 
 def agree(differs: bool, refused: bool, fp: list[int], group, world: int,
           reduce=all_reduce_max) -> tuple[bool, bool, bool]:

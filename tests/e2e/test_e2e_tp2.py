@@ -8,6 +8,9 @@ group over gloo between them. Ranks that decided differently would hang or diver
 - autotune_keep's rank agreement runs across the two nodes (the harness's
   DSV41CPU_AUTOTUNE_AGREE: the engine's own exchange over the TP group, three rounds: first
   boot, caches kept on both, node 1's cache corrupted so both drop);
+- the input guard's grammar step bound acts on both ranks alike: an ambiguous grammar beside a
+  stream is finished at the same step on both (the verdict agreed over the TP group), the stream
+  gets all its tokens and the two ranks still serve together afterwards;
 - T=0 outputs equal the single-rank stock boot's.
 One boot (it replaced the single-node TP2 boot); the stock boot is the session's shared one."""
 import re
@@ -16,6 +19,7 @@ from adapter.table import ADAPTERS
 from adapter.tools import canary, traffic
 
 from e2e.e2e_configs import PROD_ARGS, PROD_KEYS
+from e2e.grammar_traffic import grammar_beside_stream
 
 # The session's shared runs this module reads (booted by conftest's lane ahead of it).
 SHARED_BOOTS = [("dense", "stock")]
@@ -23,6 +27,17 @@ SHARED_BOOTS = [("dense", "stock")]
 # Three 4,096-token chunks (two yields on each rank) are enough for the ranks to show they decide
 # alike; the single-rank boots run the 24,576-token prompt (its prefill costs ~4x this one's).
 CADENCE_PREFILL = 12288
+# The grammar step bound on this boot: low enough that the ambiguous grammar crosses it on any
+# machine within its 400 steps (its per-step cost grows with every token), so both ranks must act.
+GRAMMAR_STEP_MS = "5"
+
+
+def _grammar_then_probe(server) -> dict:
+    """After the traffic: the grammar beside a stream, then a plain request (ranks that split
+    their batches would not answer it)."""
+    beside = grammar_beside_stream(server)
+    after = server.generate(list(range(5, 45)), 8, timeout=300)
+    return {"beside": beside, "after_tokens": len(after.get("output_ids", []))}
 
 
 def _decisions(run, rank):
@@ -44,9 +59,10 @@ def _agreement(run, rank):
 
 
 def test_production_line_on_two_nodes_agrees_across_them_and_equals_stock(boots, tmp_path):
-    run = canary.run_config("dense", PROD_KEYS, {**PROD_ARGS, "--tp-size": "2"}, nodes=2,
+    keys = {**PROD_KEYS, "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS": GRAMMAR_STEP_MS}
+    run = canary.run_config("dense", keys, {**PROD_ARGS, "--tp-size": "2"}, nodes=2,
                             scenarios=("equality", "cadence"), name="dense production 2 nodes",
-                            cadence_prefill=CADENCE_PREFILL,
+                            cadence_prefill=CADENCE_PREFILL, on_server=_grammar_then_probe,
                             extra_env={"DSV41CPU_AUTOTUNE_AGREE": str(tmp_path / "autotune")},
                             progress=lambda msg: print(f"[e2e] {msg}"))
     assert not run.errors, run.errors
@@ -68,6 +84,14 @@ def test_production_line_on_two_nodes_agrees_across_them_and_equals_stock(boots,
     assert any(ln.startswith("[dsv41] autotune_keep kept rank_tp0_pp0_dp0.json") for ln in keep0)
     assert any(ln.startswith("[dsv41] autotune_keep kept rank_tp1_pp0_dp0.json") for ln in keep1)
     assert any("dropped rank_tp0_pp0_dp0.json: another rank cannot load its cache" in ln for ln in keep0)
+    # the grammar step bound, agreed: finished on both ranks alike, the stream whole, still in step
+    beside = run.extras["beside"]
+    assert beside.stream_ok and beside.finished_by_bound, beside.outcome()
+    assert "(the slowest of 2 TP ranks)" in beside.grammar_reason, beside.grammar_reason
+    finished = [[ln for ln in run.dsv41_lines("input_guard", f"sglang::scheduler_TP{rank}")
+                 if "finished a request whose grammar took" in ln] for rank in (0, 1)]
+    assert all(len(f) == 1 and "(the slowest of 2 TP ranks)" in f[0] for f in finished), finished
+    assert run.extras["after_tokens"] == 8
     # Same token ids as the single-rank stock server; logprobs move in the last bits because the
     # two ranks' partial sums are reduced in another order (measured: within 3e-6).
     stock = boots.config("dense", "stock")
@@ -75,4 +99,4 @@ def test_production_line_on_two_nodes_agrees_across_them_and_equals_stock(boots,
     assert cmp.ok, cmp
     print(f"\n2 nodes x TP1: boot {run.boot_s}s, {len(tp0)} decode_yield decisions on each rank, "
           f"agreement rounds {[c for _, _, c in r0]} on both, max logprob diff vs TP1 stock "
-          f"{cmp.max_logprob_diff:.2e}")
+          f"{cmp.max_logprob_diff:.2e}; grammar beside a stream: {beside.outcome()}")
