@@ -23,9 +23,13 @@ What stands in, and why:
   tests/test_swa_thin_core_engine.py.
 - A few unit tests drive one function with a namespace holding only the attributes it reads
   (tests/test_swa_thin_core.py, test_cpu_torch_native_fix.py, test_cpu_dsv4_stores.py,
-  test_plugin_coexistence.py, test_autotune_keep.py, test_gate_run.py). The input and admin
-  guards' tests (tests/test_input_guard.py, tests/test_admin_guard.py) still use a stand-in
-  tokenizer manager / Manager; they are being moved to the engine's own classes (issue 40).
+  test_plugin_coexistence.py, test_autotune_keep.py, test_gate_run.py), and the engine's
+  Scheduler made with __new__ holding only what the wrapped method reads (a real one is a server
+  boot): tests/test_input_guard.py (abort_request, process_batch_result).
+- The input guard's tests build the engine's real TokenizerManager on CPU (its sockets bound, no
+  scheduler behind them); the admin guard's run the engine's real app and auth with a stand-in
+  tokenizer manager (`Manager`, tests/test_admin_guard.py), because the admin methods await a
+  scheduler's answer and none runs in a unit test.
 """
 import os
 import pathlib
