@@ -2,12 +2,14 @@
 request, over its tokens/s beside a plain request of the same length (a ratio; 1.0 = no cost).
 
     .venv/bin/python bench/beside_ratio.py [--line production|stock] [--rounds 3]
-        [--nodes 2] [--grammar-step-ms MS] [--only "ambiguous grammar"]
+        [--nodes 2] [--grammar-step-ms MS] [--only "ambiguous grammar"] [--delay 2]
 
 One CPU server (dense tiny model) of the line; `--nodes 2`: the production topology on this
 machine (two launch processes, `--tp-size 2`, the TP group over gloo: the grammar step bound's
 verdict is agreed over it); `--grammar-step-ms` sets DSV41_INPUT_GUARD_GRAMMAR_STEP_MS on the line
-(600000: in effect no bound); `--only` runs the plain reference and the named neighbours. Each round, for each neighbour, starts the
+(600000: in effect no bound); `--only` runs the plain reference and the named neighbours;
+`--delay`: seconds between the neighbour's start and the stream's (default 2; the ambiguous
+grammar's steps grow with its output, so a later stream meets its costly steps). Each round, for each neighbour, starts the
 neighbour and, 2 s later, a greedy stream of STREAM_TOKENS tokens, and times the stream from its
 submission to its last token. Neighbours: a plain greedy request (the reference), an ambiguous
 regex grammar, a backtracking stop_regex (RE2 on the production line), many long stop strings
@@ -83,6 +85,7 @@ def main(argv=None) -> int:
     ap.add_argument("--nodes", type=int, default=1, help="launch processes, one TP rank each")
     ap.add_argument("--grammar-step-ms", type=int, default=None)
     ap.add_argument("--only", action="append", default=[], help="a neighbour's name (repeatable)")
+    ap.add_argument("--delay", type=float, default=2.0, help="seconds from the neighbour to the stream")
     a = ap.parse_args(argv)
     keys, args, _ = canary.split_line(profile.load_line(REPO_ROOT / ".env.tp4.example",
                                                         "production" if a.line == "production" else "control"))
@@ -96,14 +99,14 @@ def main(argv=None) -> int:
               if not a.only or name == "plain" or name in a.only}
     rates: dict = {name: [] for name in chosen}
     answers: dict = {}
-    label = f"{a.line}, {a.nodes} node(s)" + (f", grammar step {a.grammar_step_ms} ms"
+    label = f"{a.line}, {a.nodes} node(s), stream {a.delay:g} s after" + (f", grammar step {a.grammar_step_ms} ms"
                                                if a.grammar_step_ms is not None else "")
     with CpuServer("dense", keys=keys, args=args, name=f"beside-{a.line}", nodes=a.nodes) as server:
         for _ in range(a.rounds):
             for name, body in chosen.items():
                 with cf.ThreadPoolExecutor(1) as pool:
                     job = pool.submit(requests.post, server.url + "/generate", json=body, timeout=600)
-                    time.sleep(2.0)             # the neighbour is decoding
+                    time.sleep(a.delay)         # the neighbour is decoding
                     rates[name].append(stream_rate(server.url))
                     resp = job.result(timeout=600)
                 answers[name] = f"{resp.status_code} {resp.text[:100]}"
