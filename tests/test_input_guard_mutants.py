@@ -68,6 +68,13 @@ def test_an_empty_prompt_is_refused_for_generation_only():
     assert ig.check_ids(emb, VOCAB, None) is None
 
 
+def test_prompt_ids_of_an_unknown_shape_are_unchecked_naming_it():
+    for ids, shape in (([[1, 2], [3]], "list"), (np.zeros((2, 2), np.int64), "ndarray")):
+        with pytest.raises(ig.Unchecked) as err:
+            ig.check_ids(_req(input_ids=ids), VOCAB, None)
+        assert str(err.value) == f"prompt ids are not a flat integer sequence ({shape})"
+
+
 def test_multimodal_and_embeds_fall_back_each_with_its_own_reason():
     seen = []
     assert ig.check_ids(_req(mm_inputs=object(), input_ids=[VOCAB]), VOCAB, seen.append) is None
