@@ -6,6 +6,7 @@
     python bench/mutation.py --report keys        # the score of the last run, without running
     python bench/mutation.py --fresh swa_cone     # forget earlier results of that module first
     python bench/mutation.py --survivors keys     # re-run only survivors and unchecked mutants
+    python bench/mutation.py --survivors --recheck-timeouts input_guard   # and the timeouts
 
 Needs mutmut (pinned in requirements/test-tools.lock, with libcst and coverage) in the
 interpreter that runs this script. Each module runs in its own scratch directory,
@@ -14,7 +15,9 @@ module's mutmut section, and mutmut's own `mutants/` copy under it. mutmut runs 
 in process from that copy, so the selection leaves out tests that start a child interpreter (the
 child imports the original `adapter/` through PYTHONPATH, not the mutated copy) and tests that read a
 module's own source file (the copy is mutmut's rewritten file): each module's `deselect` says which
-and why. Those tests still run in the ordinary suite.
+and why. Those tests still run in the ordinary suite. Directories some tests read beside `tests/`
+(a module's `copy`, e.g. the input guard's field tables under docs/ and bench/) are linked into the
+scratch directory and copied into mutmut's copy.
 
 The score counts the mutants of the module's decision functions (`scope`: "*" for every function
 of the files, else "module:function" / "module:Class.method" entries; only those mutants run):
@@ -101,13 +104,56 @@ MODULES: dict[str, dict] = {
                   "tests/test_swa_cone_copy.py"],
         "deselect": [],
     },
-}
-
-# Decision modules being rewritten elsewhere (issue 40): add them to MODULES above, with their
-# tests and deselections, once the rewrite has landed. docs/testing.md lists them as not yet measured.
-PENDING = {
-    "input_guard": "the input guard's checks (adapter/input_guard.py; tests/test_input_guard.py)",
-    "admin_guard": "the admin guard's route rule (adapter/admin_guard.py; tests/test_admin_guard.py)",
+    "input_guard": {
+        "what": "the input guard's checks (each field against the engine's type and range, the "
+                "sampling numbers, logit_bias, stops, grammar fields, prompt indices, log-prob cost)",
+        "files": ["adapter/input_guard.py"],
+        # Not in scope: install() and its closures (the tokenizer-manager hook, n at the way in,
+        # exact aborts, the grammar step bound), the RE2 stand-in, the messages' helpers.
+        "scope": [
+            "adapter.input_guard:first_out_of_range", "adapter.input_guard:kind_of",
+            "adapter.input_guard:_is_int", "adapter.input_guard:_bounds",
+            "adapter.input_guard:check_field", "adapter.input_guard:check_ids",
+            "adapter.input_guard:_is_real", "adapter.input_guard:check_number",
+            "adapter.input_guard:check_logit_bias", "adapter.input_guard:_strings",
+            "adapter.input_guard:check_stops", "adapter.input_guard:check_grammar_fields",
+            "adapter.input_guard:_prompt_len", "adapter.input_guard:check_prompt_indices",
+            "adapter.input_guard:check_logprob_cost", "adapter.input_guard:check",
+            "adapter.input_guard:Limits.from_ctx",
+        ],
+        "tests": ["tests/test_input_guard.py", "tests/test_input_guard_mutants.py"],
+        # tests/test_input_guard.py reads the field tables (docs/input_guard_fields*.json) and
+        # their generator (bench/input_guard_fields.py) next to its own file's parent
+        "copy": ["bench", "docs"],
+        # mutmut's wall-clock limit is 15 x (the tests' recorded call time + this constant); the
+        # recorded time leaves out the fixtures (each test here builds the engine's
+        # TokenizerManager, ~0.4 s), so at mutmut's default of 1 s a mutant of check() that only
+        # the last of its ~60 tests fails ran out of time and counted as killed
+        "timeout_constant": 5,
+        "deselect": [
+            # pops "input_ids" from its own parametrize dict: it passes once per process, and
+            # mutmut runs every test again in the process that ran its stats (the same bound is
+            # tested in tests/test_input_guard_mutants.py)
+            "tests/test_input_guard.py::test_sessions_index_fields_and_logprob_cost_are_refused"
+            "[extra4-logprob_entries-text4]",
+        ],
+    },
+    "admin_guard": {
+        "what": "the admin guard's route rule (which routes are admin routes, wherever registered; "
+                "which requests reach one and are refused; the path prefilter; key redaction)",
+        "files": ["adapter/admin_guard.py"],
+        # Not in scope: guard_app / install (wiring, receipts), the 403 / 401 bodies.
+        "scope": [
+            "adapter.admin_guard:_routes", "adapter.admin_guard:_walk",
+            "adapter.admin_guard:route_entries", "adapter.admin_guard:admin_routes",
+            "adapter.admin_guard:_match", "adapter.admin_guard:refuses",
+            "adapter.admin_guard:admin_path_regex", "adapter.admin_guard:AdminGuard._candidate",
+            "adapter.admin_guard:AdminGuard._refused_route", "adapter.admin_guard:redact_keys",
+            "adapter.admin_guard:exposure",
+        ],
+        "tests": ["tests/test_admin_guard.py", "tests/test_admin_guard_mutants.py"],
+        "deselect": [],
+    },
 }
 
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped",
@@ -129,7 +175,7 @@ def prepare(name: str, fresh: bool) -> pathlib.Path:
     if fresh and d.exists():
         shutil.rmtree(d)
     d.mkdir(parents=True, exist_ok=True)
-    for link in ("adapter", "tests"):
+    for link in ("adapter", "tests", *mod.get("copy", ())):
         p = d / link
         if not p.is_symlink():
             p.symlink_to(REPO / link, target_is_directory=True)
@@ -143,10 +189,13 @@ def prepare(name: str, fresh: bool) -> pathlib.Path:
         f"only_mutate = {_cfg_list(mod['files'])}\n"
         f"pytest_add_cli_args_test_selection = {_cfg_list(mod['tests'])}\n"
         f"pytest_add_cli_args = {_cfg_list(args)}\n"
+        # directories some tests read beside tests/ (mutmut copies them into its own copy)
+        + (f"also_copy = {_cfg_list(mod['copy'])}\n" if mod.get("copy") else "") +
         # Each mutant's worker is forked from mutmut's process after its stats pass, with the
         # engine imported and warm (one OpenMP thread: CPU torch forks safely then); a fork
         # server that only collected would import the engine again in every worker (~10 s each).
         f"process_isolation = {mod.get('isolation', 'fork')}\n"
+        + (f"timeout_constant = {mod['timeout_constant']}\n" if "timeout_constant" in mod else "") +
         "use_git_change_detection = false\n"
         "\n[tool:pytest]\n"
         "addopts = -p no:randomly\n")
@@ -212,9 +261,11 @@ def child_env() -> dict:
 
 
 def run(name: str, jobs: int, fresh: bool, quiet: bool, survivors: bool = False,
-        survived_only: bool = False) -> int:
-    # survivors and the mutants a stopped run did not reach (or only the survivors)
-    skip = ("killed", "timeout", "skipped") + (("not checked",) if survived_only else ())
+        survived_only: bool = False, timeouts: bool = False) -> int:
+    # survivors and the mutants a stopped run did not reach (or only the survivors); with
+    # `timeouts`, the timeouts too (after a change of the module's timeout)
+    skip = ("killed", "skipped") + (() if timeouts else ("timeout",)) + (
+        ("not checked",) if survived_only else ())
     again = sorted(k for k, v in results(name).items() if v not in skip) if survivors else []
     if survivors and not again:
         report(name, quiet)
@@ -292,6 +343,8 @@ def main(argv=None) -> int:
                     help="re-run only the last run's survivors and unchecked mutants")
     ap.add_argument("--survived-only", action="store_true",
                     help="with --survivors: leave the unchecked mutants for a later run")
+    ap.add_argument("--recheck-timeouts", action="store_true",
+                    help="with --survivors: re-run the timeouts too (after a timeout change)")
     ap.add_argument("--quiet", action="store_true", help="survivor names without their diffs")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--min", type=float, default=None, help="exit 1 if a module scores below this %%")
@@ -301,25 +354,21 @@ def main(argv=None) -> int:
             print(f"{name}: {mod['what']}\n   files: {' '.join(mod['files'])}\n"
                   f"   scope: {' '.join(mod['scope'])}\n   tests: {' '.join(mod['tests'])}\n"
                   f"   deselected: {' '.join(mod['deselect']) or '-'}")
-        for name, what in PENDING.items():
-            print(f"{name}: not yet measured ({what})")
         return 0
     names = a.modules or list(MODULES)
     for n in names:
         if n not in MODULES:
-            ap.error(f"unknown module {n!r}" + (" (not yet measured)" if n in PENDING else ""))
+            ap.error(f"unknown module {n!r}")
     low = []
     for n in names:
         if a.report:
             killed, total = report(n, a.quiet)
         else:
-            if run(n, a.jobs, a.fresh, a.quiet, a.survivors, a.survived_only):
+            if run(n, a.jobs, a.fresh, a.quiet, a.survivors, a.survived_only, a.recheck_timeouts):
                 return 2
             killed, total, _, _ = score(n)
         if a.min is not None and (not total or 100.0 * killed / total < a.min):
             low.append(n)
-    for n in PENDING:
-        print(f"{n}: not yet measured")
     if low:
         print(f"below {a.min} %: {', '.join(low)}")
         return 1

@@ -1,0 +1,443 @@
+"""input_guard's checks: tests added for the mutation check's survivors (bench/mutation.py
+input_guard; docs/testing.md lists each survivor left and why).
+
+The checks on their own, on the engine's real request structs (TokenizedGenerateReqInput,
+TokenizedEmbeddingReqInput, SamplingParams, built by tests/test_input_guard.py's `_req`), at the
+edges of each range: the first value in and the first value out, and the message the client gets."""
+import types
+import typing
+from array import array
+
+import numpy as np
+import pytest
+
+from adapter import input_guard as ig
+from test_input_guard import VOCAB, _req
+
+F32 = ig.FLOAT32_MAX
+FIELD = {f.name: f for f in ig.FIELDS}
+NUMBER = {n.name: n for n in ig.SAMPLING_NUMBERS}
+
+
+@pytest.fixture(scope="module")
+def kinds():
+    return ig.declared_kinds()
+
+
+# --- prompt ids -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_first_out_of_range_at_the_vocabulary_edge(dtype):
+    a = np.array([0, VOCAB - 1], dtype)
+    assert ig.first_out_of_range(a, VOCAB) is None
+    assert ig.first_out_of_range(np.zeros(0, dtype), VOCAB) is None
+    assert ig.first_out_of_range(np.array([3, VOCAB, -1, VOCAB - 1], dtype), VOCAB) == (1, VOCAB, 2)
+    assert ig.first_out_of_range(np.array([3, -1], dtype), VOCAB) == (1, -1, 1)
+
+
+@pytest.mark.parametrize("ids", [array("q", [5, VOCAB, 6, -2]), array("i", [5, VOCAB, 6, -2]),
+                                 [5, VOCAB, 6, -2], np.array([5, VOCAB, 6, -2], np.int32)])
+def test_check_ids_names_the_first_bad_id_and_how_many(ids):
+    seen = []
+    assert ig.check_ids(_req(input_ids=ids), VOCAB, seen.append) == (
+        f"input_ids[1] = {VOCAB} is not a token id of this model: valid ids are 0..{VOCAB - 1} "
+        f"(vocabulary size {VOCAB}) (2 of the 4 prompt ids are out of range)")
+    assert seen == []
+
+
+@pytest.mark.parametrize("ids", [array("q", [0, VOCAB - 1]), array("i", [VOCAB - 1]), [0, VOCAB - 1]])
+def test_check_ids_passes_the_last_id_of_the_vocabulary(ids):
+    assert ig.check_ids(_req(input_ids=ids), VOCAB, None) is None
+
+
+def test_check_ids_one_bad_id_says_no_count():
+    assert ig.check_ids(_req(input_ids=array("q", [VOCAB])), VOCAB, None) == (
+        f"input_ids[0] = {VOCAB} is not a token id of this model: valid ids are 0..{VOCAB - 1} "
+        f"(vocabulary size {VOCAB})")
+
+
+def test_an_empty_prompt_is_refused_for_generation_only():
+    from sglang.srt.managers.io_struct import TokenizedEmbeddingReqInput
+
+    assert ig.check_ids(_req(input_ids=array("q")), VOCAB, None) == (
+        "the prompt has no tokens (its text tokenizes to nothing): this engine needs at least one "
+        "prompt token")
+    assert ig.check_ids(_req(input_ids=[]), VOCAB, None).startswith("the prompt has no tokens")
+    emb = TokenizedEmbeddingReqInput(input_text="", input_ids=array("q"), mm_inputs=None,
+                                     token_type_ids=None, sampling_params=_req().sampling_params)
+    assert ig.check_ids(emb, VOCAB, None) is None
+
+
+def test_prompt_ids_of_an_unknown_shape_are_unchecked_naming_it():
+    for ids, shape in (([[1, 2], [3]], "list"), (np.zeros((2, 2), np.int64), "ndarray")):
+        with pytest.raises(ig.Unchecked) as err:
+            ig.check_ids(_req(input_ids=ids), VOCAB, None)
+        assert str(err.value) == f"prompt ids are not a flat integer sequence ({shape})"
+
+
+def test_multimodal_and_embeds_fall_back_each_with_its_own_reason():
+    seen = []
+    assert ig.check_ids(_req(mm_inputs=object(), input_ids=[VOCAB]), VOCAB, seen.append) is None
+    assert ig.check_ids(_req(input_embeds=[[0.0]], input_ids=[VOCAB]), VOCAB, seen.append) is None
+    assert seen == [ig.MULTIMODAL, ig.EMBEDS]
+
+
+# --- the engine's declared types ---------------------------------------------------------------
+
+class _Engine:
+    pass
+
+
+@pytest.mark.parametrize("declared, want", [
+    (int, ("int", False)), (typing.Optional[int], ("int", True)),
+    (str, ("str", False)), (typing.Optional[str], ("str", True)),
+    (typing.List[int], ("ids", False)), (typing.Optional[typing.Set[int]], ("ids", True)),
+    (frozenset[int], ("ids", False)), (list[int], ("ids", False)),
+    (_Engine, (_Engine, False)), (typing.Optional[_Engine], (_Engine, True)),
+])
+def test_kind_of_each_declared_type(declared, want):
+    assert ig.kind_of(declared) == want
+
+
+@pytest.mark.parametrize("declared", [typing.List[str], list[str], typing.Union[int, str],
+                                      typing.Optional[typing.Union[int, str]], typing.Tuple[int],
+                                      typing.Dict[int, int], typing.TypeVar("T"), "int", float])
+def test_kind_of_a_type_it_does_not_know_is_unchecked(declared):
+    if declared is float:       # a class: its instances are what the engine expects
+        assert ig.kind_of(float) == (float, False)
+        return
+    with pytest.raises(ig.Unchecked, match="engine type"):
+        ig.kind_of(declared)
+
+
+def test_bounds_of_each_high():
+    assert ig._bounds(FIELD["stop_token_ids"], 10) == (0, 9)
+    assert ig._bounds(FIELD["top_logprobs_num"], 10) == (None, 10)
+    assert ig._bounds(FIELD["logprob_start_len"], 10) == (-1, None)
+
+
+# --- check_field ---------------------------------------------------------------------------------
+
+def _field(name, value, kinds):
+    f = FIELD[name]
+    return ig.check_field(f, *kinds[(f.struct, f.name)], value, VOCAB)
+
+
+def test_check_field_int_ranges_at_their_edges(kinds):
+    assert _field("logprob_start_len", -1, kinds) is None
+    assert _field("logprob_start_len", 10**9, kinds) is None
+    assert _field("logprob_start_len", -2, kinds) == (
+        "logprob_start_len = -2 is out of range: this engine expects an integer >= -1")
+    assert _field("top_logprobs_num", VOCAB, kinds) is None
+    assert _field("top_logprobs_num", -10**9, kinds) is None
+    assert _field("top_logprobs_num", VOCAB + 1, kinds) == (
+        f"top_logprobs_num = {VOCAB + 1} is out of range: this engine expects an integer <= {VOCAB} "
+        f"(vocabulary size {VOCAB})")
+    assert _field("top_logprobs_num", np.int64(3), kinds) is None
+
+
+def test_check_field_wrong_shapes_name_the_shape(kinds):
+    assert _field("top_logprobs_num", (3,), kinds) == (
+        f"top_logprobs_num = (3,) is a list, not an integer: this engine expects an integer <= "
+        f"{VOCAB} per request (a list is only the batch form, one value per prompt)")
+    assert _field("logprob_start_len", "0", kinds) == (
+        "logprob_start_len = '0' is str, not an integer: this engine expects an integer >= -1 per "
+        "request (a list is only the batch form, one value per prompt)")
+    assert _field("top_logprobs_num", None, kinds) == (
+        "top_logprobs_num is missing: this engine expects int")
+    assert _field("lora_id", None, kinds) is None and _field("lora_id", "a", kinds) is None
+    assert _field("lora_id", ["a"], kinds) == (
+        "lora_id = ['a'] is a list, not a string: this engine expects one string per request (a "
+        "list is only the batch form, one value per prompt)")
+    assert _field("lora_id", 5, kinds).startswith("lora_id = 5 is int, not a string")
+
+
+def test_check_field_an_engine_class(kinds):
+    from sglang.srt.managers.embed_types import PositionalEmbeds
+
+    f = FIELD["positional_embed_overrides"]
+    kind, optional = kinds[(f.struct, f.name)]
+    assert kind is PositionalEmbeds and optional
+    import torch
+
+    assert ig.check_field(f, kind, optional, PositionalEmbeds(torch.zeros(1, 4), [0]), VOCAB) is None
+    assert ig.check_field(f, kind, optional, "x" * 50, VOCAB) == (
+        "positional_embed_overrides = 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx... is not a "
+        "PositionalEmbeds: this field is set by the engine's own API, not by an HTTP client")
+
+
+def test_check_field_ids_at_their_edges(kinds):
+    assert _field("stop_token_ids", {0, VOCAB - 1}, kinds) is None
+    assert _field("stop_token_ids", [], kinds) is None
+    assert _field("stop_token_ids", frozenset({VOCAB}), kinds) == (
+        f"stop_token_ids contains {VOCAB}, which is not a token id of this model: valid ids are "
+        f"0..{VOCAB - 1} (vocabulary size {VOCAB})")
+    assert _field("stop_token_ids", (5, -1, VOCAB), kinds).startswith("stop_token_ids contains -1,")
+    assert _field("stop_token_ids", {0, VOCAB}, kinds).startswith(f"stop_token_ids contains {VOCAB},")
+    assert _field("stop_token_ids", [1, 2.0], kinds) == (
+        f"stop_token_ids contains 2.0, not a token id: this engine expects an integer in "
+        f"0..{VOCAB - 1}")
+    with pytest.raises(ig.Unchecked, match="stop_token_ids is a int"):
+        _field("stop_token_ids", 7, kinds)
+
+
+def test_an_ids_field_without_a_high_bound_checks_the_low_one():
+    f = ig.Field("sampling_params", "ids", 0, None, "")
+    assert ig.check_field(f, "ids", False, [0, 10**12], VOCAB) is None
+    assert ig.check_field(f, "ids", False, [3, -1], VOCAB) == (
+        f"ids contains -1, which is not a token id of this model: valid ids are 0..None "
+        f"(vocabulary size {VOCAB})")
+    g = ig.Field("request", "n", 1, None, "")
+    assert ig.check_field(g, "int", False, 0, VOCAB) == "n = 0 is out of range: this engine expects an integer >= 1"
+    h = ig.Field("request", "m", 1, "vocab", "")
+    assert ig.check_field(h, "int", False, VOCAB, VOCAB) == (
+        f"m = {VOCAB} is out of range: this engine expects an integer in 1..{VOCAB - 1} (vocabulary "
+        f"size {VOCAB})")
+
+
+# --- sampling numbers ----------------------------------------------------------------------------
+
+LIMITS = ig.Limits(n=4, logprob_entries=10, stop_chars=5, grammar_step_ms=100)
+
+
+@pytest.mark.parametrize("name, ok, bad", [
+    ("max_new_tokens", [0, ig.INT32_MAX, None, True], [-1, ig.INT32_MAX + 1]),
+    ("min_new_tokens", [0, ig.INT32_MAX], [-1, ig.INT32_MAX + 1]),
+    ("top_k", [1, ig.INT32_MAX, np.int32(5)], [0, ig.INT32_MAX + 1]),
+    ("beam_width", [1, None], [0, ig.INT32_MAX + 1]),
+    ("n", [1, 4], [0]),
+    ("temperature", [0.0, 0, F32, 2], [-1e-30, 3.5e38, float("inf"), float("nan"), -float("inf")]),
+    ("top_p", [1e-7, 1.0, np.float32(0.5)], [0.0, 1e-50, 1.0000001, 2]),
+    ("min_p", [0.0, 1.0], [-0.1, 1.1]),
+    ("frequency_penalty", [-2.0, 2, 0], [-2.1, 2.1]),
+    ("presence_penalty", [-2, 2.0], [-2.0001, 2.0001]),
+    ("repetition_penalty", [1e-7, 2.0], [0.0, 1e-50, 2.1]),
+])
+def test_each_sampling_number_at_its_edges(name, ok, bad):
+    num = NUMBER[name]
+    for v in ok:
+        assert ig.check_number(num, v, LIMITS) is None, v
+    for v in bad:
+        message = ig.check_number(num, v, LIMITS)
+        assert message and message.startswith(f"sampling_params.{name} = "), v
+
+
+def test_sampling_number_messages():
+    assert ig.check_number(NUMBER["top_k"], 0, LIMITS) == (
+        "sampling_params.top_k = 0 is out of range: the scheduler stores it in top_ks (torch.int32); "
+        "this engine expects an integer in 1..2147483647")
+    assert ig.check_number(NUMBER["n"], 5, LIMITS) == (
+        "sampling_params.n = 5 is over this line's limit of 4 parallel samples per request "
+        "(DSV41_INPUT_GUARD_MAX_N)")
+    assert ig.check_number(NUMBER["n"], 0, LIMITS) == (
+        "sampling_params.n = 0 is out of range: the scheduler stores it in parallel samples; this "
+        "engine expects an integer in 1..4")
+    assert ig.check_number(NUMBER["top_k"], [5], LIMITS) == (
+        "sampling_params.top_k = [5] is a list, not an integer: the scheduler stores it in top_ks "
+        "(torch.int32)")
+    assert ig.check_number(NUMBER["top_k"], None, LIMITS) == (
+        "sampling_params.top_k is missing: this engine expects a number")
+    assert ig.check_number(NUMBER["temperature"], {"a": 1}, LIMITS) == (
+        "sampling_params.temperature = {'a': 1} is an object, not a number: the sampling batch "
+        "stores it in temperatures (torch.float32)")
+    assert ig.check_number(NUMBER["temperature"], "1", LIMITS).startswith(
+        "sampling_params.temperature = '1' is str, not a number")
+    assert ig.check_number(NUMBER["top_p"], 0.0, LIMITS) == (
+        "sampling_params.top_p = 0.0 is out of range: the sampling batch stores it in top_ps "
+        "(torch.float32); this engine expects a finite number in (0.0, 1] (as float32)")
+    assert ig.check_number(NUMBER["min_p"], 2, LIMITS) == (
+        "sampling_params.min_p = 2 is out of range: the sampling batch stores it in min_ps "
+        "(torch.float32); this engine expects a finite number in [0.0, 1] (as float32)")
+
+
+def test_logit_bias_keys_and_values_at_their_edges():
+    assert ig.check_logit_bias(None, VOCAB) is None
+    assert ig.check_logit_bias({"0": F32, str(VOCAB - 1): -F32, 5: 1}, VOCAB) is None
+    assert ig.check_logit_bias([1], VOCAB) == (
+        "sampling_params.logit_bias = [1] is a list: this engine expects an object of token id -> bias")
+    assert ig.check_logit_bias({"x": 1.0}, VOCAB) == (
+        "sampling_params.logit_bias has the key 'x', which is not a token id")
+    assert ig.check_logit_bias({None: 1.0}, VOCAB) == (
+        "sampling_params.logit_bias has the key None, which is not a token id")
+    for key in ("-1", str(VOCAB)):
+        assert ig.check_logit_bias({key: 1.0}, VOCAB) == (
+            f"sampling_params.logit_bias has the key '{key}', which is not a token id of this model: "
+            f"valid ids are 0..{VOCAB - 1}")
+    for value in (float("nan"), float("inf"), 3.5e38, -3.5e38, "1", None):
+        assert ig.check_logit_bias({"5": value}, VOCAB).startswith(
+            f"sampling_params.logit_bias['5'] = {value!r} is not a finite float32"), value
+    assert ig.check_logit_bias({"5": 1e39}, VOCAB) == (
+        "sampling_params.logit_bias['5'] = 1e+39 is not a finite float32: the sampling batch adds it "
+        "to the logits in float32 (an overflow is inf, then NaN in the sampler); this engine expects "
+        f"a number in [-{F32:g}, {F32:g}]")
+
+
+# --- stops and grammars ----------------------------------------------------------------------
+
+def _sp(**kw):
+    return types.SimpleNamespace(**{"stop_strs": None, "stop_regex_strs": None, **kw})
+
+
+def test_stop_strings_at_the_lines_limit():
+    assert ig.check_stops(_sp(), LIMITS, None) is None
+    assert ig.check_stops(_sp(stop_strs="abcde"), LIMITS, None) is None
+    assert ig.check_stops(_sp(stop_strs=["ab", "cde"]), LIMITS, None) is None
+    assert ig.check_stops(_sp(stop_strs=("ab", "cdef")), LIMITS, None) == ("stop", (
+        "sampling_params.stop has 6 characters in 2 strings, over this line's limit of 5 "
+        "(DSV41_INPUT_GUARD_MAX_STOP_CHARS): the scheduler matches every stop string against the "
+        "output at every step"))
+    assert ig.check_stops(_sp(stop_strs="abcdef"), LIMITS, None)[1].startswith(
+        "sampling_params.stop has 6 characters in 1 strings")
+    assert ig.check_stops(_sp(stop_strs=["a", 5]), LIMITS, None) == (
+        "stop", "sampling_params.stop = ['a', 5]: this engine expects strings")
+    assert ig.check_stops(_sp(stop_strs={"a"}), LIMITS, None) == (
+        "stop", "sampling_params.stop = {'a'}: this engine expects strings")
+
+
+def test_stop_regex_without_re2_or_with_a_construct_it_cannot_run():
+    re2 = ig.re2_module()
+    assert re2 is not None
+    assert ig.check_stops(_sp(stop_regex_strs=[]), LIMITS, None) is None
+    assert ig.check_stops(_sp(stop_regex_strs="a+"), LIMITS, re2) is None
+    assert ig.check_stops(_sp(stop_regex_strs=["a+", "b"]), LIMITS, None) == ("stop_regex", (
+        "stop_regex is refused on this line: its linear-time regex engine (RE2, the google-re2 "
+        "package) is not installed"))
+    assert ig.check_stops(_sp(stop_regex_strs=[5]), LIMITS, re2) == (
+        "stop_regex", "sampling_params.stop_regex = [5]: this engine expects strings")
+    reason, message = ig.check_stops(_sp(stop_regex_strs=["a+", "(?<=a)b"]), LIMITS, re2)
+    assert reason == "stop_regex" and message.startswith(
+        "stop_regex '(?<=a)b' uses a construct RE2 cannot run in linear time (invalid perl operator")
+    assert message.endswith("); this line runs stop_regex on RE2 only")
+
+
+def test_grammar_fields_must_be_strings():
+    for name in ig.GRAMMAR_FIELDS:
+        sp = types.SimpleNamespace(**{n: None for n in ig.GRAMMAR_FIELDS})
+        assert ig.check_grammar_fields(sp) is None
+        setattr(sp, name, "x")
+        assert ig.check_grammar_fields(sp) is None
+        setattr(sp, name, {"type": "object"})
+        assert ig.check_grammar_fields(sp) == (
+            f"sampling_params.{name} = {{'type': 'object'}} is an object: this engine expects one "
+            "string")
+    assert ig.check_grammar_fields(types.SimpleNamespace()) is None
+
+
+# --- prompt positions and the log-prob cost ---------------------------------------------------
+
+def test_prompt_len_of_ids_embeds_and_none():
+    assert ig._prompt_len(_req(input_ids=array("q", [1, 2, 3]))) == 3
+    assert ig._prompt_len(_req(input_ids=None)) is None
+    assert ig._prompt_len(_req(input_embeds=[[0.0], [1.0]], input_ids=None)) == 2
+    assert ig._prompt_len(types.SimpleNamespace()) is None
+
+
+def test_prompt_indices_at_the_prompts_edge():
+    req = _req(input_ids=array("q", [1, 2, 3]), token_indices_to_pool=[0, 2],
+               multi_item_delimiter_indices=(2, 0))
+    assert ig.check_prompt_indices(req, 3) is None
+    assert ig.check_prompt_indices(_req(multi_item_delimiter_indices=[3]), 3) == (
+        "multi_item_delimiter_indices", "multi_item_delimiter_indices contains 3, which is not a "
+        "position of this request's prompt: valid positions are 0..2 (3 prompt tokens)")
+    assert ig.check_prompt_indices(_req(token_indices_to_pool=[1, -1]), 3)[1].startswith(
+        "token_indices_to_pool contains -1,")
+    assert ig.check_prompt_indices(_req(token_indices_to_pool=[1, 2.0]), 3) == (
+        "token_indices_to_pool", "token_indices_to_pool = [1, 2.0] is not a list of integers: this "
+        "engine expects positions in the prompt")
+    assert ig.check_prompt_indices(_req(token_indices_to_pool="0"), 3)[0] == "token_indices_to_pool"
+    with pytest.raises(ig.Unchecked, match="token_indices_to_pool without prompt ids"):
+        ig.check_prompt_indices(_req(token_indices_to_pool=[0]), None)
+
+
+def _cost(prompt_len=5, **fields):
+    base = {"return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 2}
+    return ig.check_logprob_cost(_req(**{**base, **fields}), prompt_len, LIMITS)
+
+
+def test_logprob_cost_at_the_lines_limit():
+    assert _cost() is None                                             # (2 + 0) x 5 = 10
+    assert _cost(top_logprobs_num=3) == (
+        "asks for 15 prompt log-prob entries ((top_logprobs_num 3 + 0 token_ids_logprob) x 5 prompt "
+        "positions from logprob_start_len 0), over this line's limit of 10 "
+        "(DSV41_INPUT_GUARD_MAX_LOGPROB_ENTRIES): the tokenizer manager converts them all at once")
+    assert _cost(top_logprobs_num=0, token_ids_logprob=[1, 2]) is None
+    assert _cost(top_logprobs_num=1, token_ids_logprob=[1, 2]).startswith(
+        "asks for 15 prompt log-prob entries ((top_logprobs_num 1 + 2 token_ids_logprob) x 5")
+    assert _cost(top_logprobs_num=4, logprob_start_len=3) is None      # 4 x 2 positions
+    assert _cost(top_logprobs_num=4, logprob_start_len=2).startswith("asks for 12 ")
+    assert _cost(prompt_len=6, top_logprobs_num=4, logprob_start_len=4) is None
+    assert _cost(top_logprobs_num=10**6, logprob_start_len=5) is None  # no prompt position
+    assert _cost(top_logprobs_num=10**6, logprob_start_len=9) is None
+    assert _cost(top_logprobs_num=10**6, logprob_start_len=-1) is None # the engine's default
+    assert _cost(top_logprobs_num=-5, token_ids_logprob=[1, 2]) is None
+    assert _cost(top_logprobs_num=-5, token_ids_logprob=[1, 2, 3]).startswith("asks for 15 ")
+    assert _cost(top_logprobs_num=[100], token_ids_logprob=[1, 2]) is None   # not an int: no k
+    assert _cost(top_logprobs_num=100, return_logprob=False) is None
+    assert _cost(prompt_len=None, top_logprobs_num=100) is None
+
+
+# --- the whole check ----------------------------------------------------------------------------
+
+def test_check_answers_each_reason_in_its_order(kinds):
+    re2 = ig.re2_module()
+
+    def check(**fields):
+        return ig.check(_req(**fields), VOCAB, kinds, limits=LIMITS, re2=re2)
+
+    assert check() is None
+    assert check(input_ids=[VOCAB], top_logprobs_num=[1])[0] == "input_ids"
+    assert check(top_logprobs_num=[1], rid=5)[0] == "top_logprobs_num"
+    assert check(sampling_params={"stop_token_ids": [VOCAB]})[0] == "stop_token_ids"
+    assert check(rid=5, session_id="s") == ("rid", "rid = 5 is int, not a string: this engine "
+                                            "expects one string per request")
+    assert check(session_params={"id": "s"}, session_id="s") == (
+        "sessions", ig.SESSIONS_OFF.format(what="a request with session_params"))
+    assert check(session_id="s") == ("sessions", ig.SESSIONS_OFF.format(what="a request with session_id"))
+    assert check(sampling_params={"n": 5, "logit_bias": {"x": 1}})[0] == "n"
+    assert check(sampling_params={"logit_bias": {"x": 1}, "stop": "abcdef"})[0] == "logit_bias"
+    assert check(sampling_params={"stop": "abcdef", "json_schema": 5}) == ("stop", ig.check_stops(
+        _req(sampling_params={"stop": "abcdef"}).sampling_params, LIMITS, re2)[1])
+    assert check(sampling_params={"json_schema": 5}, token_indices_to_pool=[9])[0] == "grammar"
+    assert check(token_indices_to_pool=[9], top_logprobs_num=100, return_logprob=True,
+                 logprob_start_len=0)[0] == "token_indices_to_pool"
+    assert check(top_logprobs_num=100, return_logprob=True, logprob_start_len=0) == (
+        "logprob_entries", ig.check_logprob_cost(
+            _req(top_logprobs_num=100, return_logprob=True, logprob_start_len=0), 2, LIMITS))
+    # the default limits: the logprob bound of the deselected case of tests/test_input_guard.py
+    bad = ig.check(_req(input_ids=array("q", range(5, 5 + 980)), return_logprob=True,
+                        logprob_start_len=0, top_logprobs_num=VOCAB), VOCAB, kinds, re2=re2)
+    assert bad[0] == "logprob_entries" and bad[1].startswith("asks for 1,003,520 prompt log-prob")
+    assert ig.check(_req(input_ids=array("q", range(5, 5 + 976)), return_logprob=True,
+                         logprob_start_len=0, top_logprobs_num=VOCAB), VOCAB, kinds, re2=re2) is None
+
+
+def test_check_of_an_embedding_request_skips_the_generation_fields(kinds):
+    from sglang.srt.managers.io_struct import TokenizedEmbeddingReqInput
+
+    def emb(**kw):
+        return TokenizedEmbeddingReqInput(**{"input_text": "", "input_ids": array("q", [1, 2]),
+                                             "mm_inputs": None, "token_type_ids": None,
+                                             "sampling_params": _req().sampling_params, "rid": "r",
+                                             **kw})
+    assert ig.check(emb(), VOCAB, kinds, limits=LIMITS) is None
+    assert ig.check(emb(lora_id=[1]), VOCAB, kinds, limits=LIMITS) is None       # not checked there
+    assert ig.check(emb(input_ids=array("q", [VOCAB])), VOCAB, kinds, limits=LIMITS)[0] == "input_ids"
+    assert ig.check(emb(token_indices_to_pool=[2]), VOCAB, kinds, limits=LIMITS)[0] == "token_indices_to_pool"
+    sp = _req(sampling_params={"stop_token_ids": [VOCAB]}).sampling_params      # still checked
+    assert ig.check(emb(sampling_params=sp), VOCAB, kinds, limits=LIMITS)[0] == "stop_token_ids"
+
+
+def test_check_passes_its_fallback_on():
+    seen = []
+    kinds = ig.declared_kinds()
+    assert ig.check(_req(mm_inputs=object()), VOCAB, kinds, seen.append) is None
+    assert seen == [ig.MULTIMODAL]
+
+
+def test_limits_from_the_lines_keys():
+    values = {"DSV41_INPUT_GUARD_MAX_N": 2, "DSV41_INPUT_GUARD_MAX_LOGPROB_ENTRIES": 3,
+              "DSV41_INPUT_GUARD_MAX_STOP_CHARS": 4, "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS": 5}
+    assert ig.Limits.from_ctx(types.SimpleNamespace(value=values.__getitem__)) == ig.Limits(2, 3, 4, 5)
+    assert ig.Limits.from_ctx(types.SimpleNamespace()) == ig.Limits()
+    assert ig.Limits() == ig.Limits(n=128, logprob_entries=1_000_000, stop_chars=4096,
+                                    grammar_step_ms=100)
