@@ -130,13 +130,7 @@ MODULES: dict[str, dict] = {
         # TokenizerManager, ~0.4 s), so at mutmut's default of 1 s a mutant of check() that only
         # the last of its ~60 tests fails ran out of time and counted as killed
         "timeout_constant": 5,
-        "deselect": [
-            # pops "input_ids" from its own parametrize dict: it passes once per process, and
-            # mutmut runs every test again in the process that ran its stats (the same bound is
-            # tested in tests/test_input_guard_mutants.py)
-            "tests/test_input_guard.py::test_sessions_index_fields_and_logprob_cost_are_refused"
-            "[extra4-logprob_entries-text4]",
-        ],
+        "deselect": [],
     },
     "admin_guard": {
         "what": "the admin guard's route rule (which routes are admin routes, wherever registered; "

@@ -58,7 +58,7 @@ def manager(install_adapters, dense_model):
 def _tokenize(tm, input_ids, **extra):
     from sglang.srt.managers.io_struct import GenerateReqInput
 
-    sampling = {"max_new_tokens": 2, **extra.pop("sampling", {})}
+    sampling = {"max_new_tokens": 2, **extra.pop("sampling", {})}   # extra: this call's own dict
     obj = GenerateReqInput(input_ids=input_ids, sampling_params=sampling, **extra)
     obj.normalize_batch_and_arguments()
     tm._init_req_state(obj)
@@ -388,6 +388,7 @@ def test_ordinary_sampling_passes_unchanged(manager, sampling):
      r"\(DSV41_INPUT_GUARD_MAX_LOGPROB_ENTRIES\)"),
 ])
 def test_sessions_index_fields_and_logprob_cost_are_refused(manager, extra, reason, text):
+    extra = dict(extra)                     # the parametrize dict is shared by every run of the test
     ids = extra.pop("input_ids", [5, 6, 7])
     with pytest.raises(ValueError, match=text):
         _tokenize(manager, ids, **extra)
