@@ -61,6 +61,29 @@ def install_adapters():
     installer.set_mode("boot")
 
 
+def run_two_ranks(code: str, tmp_path, mode: str, env: dict | None = None, timeout=300) -> list:
+    """Run `code` in two child interpreters that form a torch.distributed group of two (gloo, a
+    file rendezvous in tmp_path); each gets argv: rank, mode, init method, output path, and writes
+    its JSON there. Returns both ranks' JSON; fails with both logs when either child fails."""
+    import json
+
+    child_env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/root"),
+                 "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
+    init = f"file://{tmp_path}/rendezvous-{mode}"
+    outs = [tmp_path / f"{mode}-rank{r}.json" for r in (0, 1)]
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(r), mode, init, str(outs[r])],
+                              env=child_env, cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    try:
+        logs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
+    return [json.loads(o.read_text()) for o in outs]
+
+
 def run_python(code: str, env: dict | None = None, args=(), argv=(), timeout=300, cwd=REPO_ROOT):
     """Run a child Python with PYTHONPATH=<repo root> (as the image does) and only `env` + PATH.
 

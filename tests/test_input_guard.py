@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from adapter import input_guard, receipts
-from conftest import close_zmq_sockets
+from conftest import close_zmq_sockets, run_two_ranks
 
 VOCAB = 1024
 KEYS = {"DSV41_INPUT_GUARD": "1"}
@@ -883,28 +883,7 @@ dist.destroy_process_group()
 
 
 def _two_grammar_ranks(tmp_path, mode):
-    import json
-    import os
-    import subprocess
-    import sys
-
-    from conftest import REPO_ROOT
-
-    env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/root"),
-           "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
-    init = f"file://{tmp_path}/rendezvous-{mode}"
-    outs = [tmp_path / f"{mode}-rank{r}.json" for r in (0, 1)]
-    procs = [subprocess.Popen([sys.executable, "-c", GRAMMAR_CHILD, str(r), mode, init, str(outs[r])],
-                              env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for r in (0, 1)]
-    try:
-        logs = [p.communicate(timeout=300)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
-    return [json.loads(o.read_text()) for o in outs]
+    return run_two_ranks(GRAMMAR_CHILD, tmp_path, mode)
 
 
 def test_both_ranks_finish_the_grammar_request_at_the_same_step(tmp_path):

@@ -18,18 +18,14 @@ adapter/cpu/dsv4/flash_mla.py), the router's kernel being the CPU twin:
 """
 from __future__ import annotations
 
-import json
 import logging
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from adapter import receipts, swan
 from adapter.swan import selfcheck
-from conftest import REPO_ROOT
+from conftest import run_two_ranks
 from test_cpu_dsv4_flash_mla import _call, _torch_decode, engine  # noqa: F401 - a fixture
 from test_swan_routing import fake_module  # noqa: F401 - a fixture
 from test_swan_twin import _stock_route
@@ -304,22 +300,7 @@ dist.destroy_process_group()
 
 
 def _two_ranks(tmp_path, mode, module_dir):
-    env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/root"),
-           "PYTHONPATH": str(REPO_ROOT), swan.MODULE_DIR_ENV: str(module_dir),
-           "OMP_NUM_THREADS": "1"}
-    init = f"file://{tmp_path}/rendezvous-{mode}"
-    outs = [tmp_path / f"{mode}-rank{r}.json" for r in (0, 1)]
-    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(r), mode, init, str(outs[r])],
-                              env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for r in (0, 1)]
-    try:
-        logs = [p.communicate(timeout=300)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
-    return [json.loads(o.read_text()) for o in outs]
+    return run_two_ranks(CHILD, tmp_path, mode, env={swan.MODULE_DIR_ENV: str(module_dir)})
 
 
 def test_a_difference_on_one_rank_makes_every_rank_fall_back(tmp_path, fake_module):  # noqa: F811
