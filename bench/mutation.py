@@ -163,6 +163,32 @@ def _cfg_list(values) -> str:
     return "".join(f"\n    {v}" for v in values)
 
 
+def refresh_copy(d: pathlib.Path, mod: dict) -> int:
+    """mutmut copies the files it does not mutate into its `mutants/` copy once, at its first run,
+    and rewrites only the mutated ones later: a later run would test against stale neighbours
+    (seen: an old adapter/pins.json refused cone's install, every test failed). Refresh every such
+    file from the work tree; returns how many were replaced."""
+    import filecmp
+
+    copy = d / "mutants"
+    if not copy.is_dir():
+        return 0
+    mutated = {pathlib.Path(f) for f in mod["files"]}
+    replaced = 0
+    for top in ("adapter", "tests", *mod.get("copy", ())):
+        for src in (REPO / top).rglob("*"):
+            rel = src.relative_to(REPO)
+            if src.is_dir() or "__pycache__" in rel.parts or rel in mutated:
+                continue
+            dst = copy / rel
+            if dst.exists() and filecmp.cmp(src, dst, shallow=False):
+                continue
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+            replaced += 1
+    return replaced
+
+
 def prepare(name: str, fresh: bool) -> pathlib.Path:
     mod = MODULES[name]
     d = scratch(name)
@@ -173,6 +199,7 @@ def prepare(name: str, fresh: bool) -> pathlib.Path:
         p = d / link
         if not p.is_symlink():
             p.symlink_to(REPO / link, target_is_directory=True)
+    refresh_copy(d, mod)
     args = ["-p", "no:xdist", "-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning"]
     for node in mod["deselect"]:
         args += ["--deselect", node]
