@@ -57,6 +57,8 @@ def test_lost_resume_point_plans_a_replay_of_n_tokens(install_adapters, caplog, 
     receipts.forget("swa_cone")
     assert status["swa_cone"].status == "installed", status["swa_cone"].detail
     cpu, drv, prompt = _setup(backend)
+    # earlier plans of this process: the counters add to them (the /metrics series are totals)
+    receipts.counters["swa_cone"].update({"candidates": 3, "plans": 2, "replay_tokens": 7})
     req = _arrive(drv, prompt)
     stock_prefix = req.prefix_len                  # the stock match stands until admission
     F = _full_resident_end(cpu, prompt)
@@ -77,7 +79,7 @@ def test_lost_resume_point_plans_a_replay_of_n_tokens(install_adapters, caplog, 
     assert plans[0].endswith(f"[dsv41] swa_cone plan request={req.rid} F={F} s={s} L={len(prompt)} "
                              f"replay={N} first_pass=[{s},{req.extend_end}) stock_prefix={stock_prefix}")
     counts = receipts.counters["swa_cone"]
-    assert (counts["candidates"], counts["plans"], counts["replay_tokens"]) == (1, 1, N)
+    assert (counts["candidates"], counts["plans"], counts["replay_tokens"]) == (3 + 1, 2 + 1, 7 + N)
     # The prefix indices the forward reads are the resident full KV of [0, s).
     prefix = drv.cache.prefix_device_indices(req)
     assert prefix.numel() == s
