@@ -263,3 +263,52 @@ def test_n_reaching_below_the_stock_hit_keeps_the_stock_match(install_adapters, 
     counts = receipts.counters["swa_cone"]
     assert counts["candidates"] == 0
     assert counts["fallback:replay start F-N is not past the stock hit; stock match kept"] == 1
+
+
+def _lost_resume_point(install_adapters):
+    receipts.forget("swa_cone")
+    status = install_adapters(_cone_env())
+    assert status["swa_cone"].status == "installed", status["swa_cone"].detail
+    return _setup("python")
+
+
+def _admit_without_plan(drv, prompt, caplog):
+    with caplog.at_level(logging.INFO, logger="sglang.dsv41"):
+        req = _arrive(drv, prompt)
+        stock = (req.prefix_len, req.last_node)
+        drv.adder().add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+    assert (req.prefix_len, req.last_node) == stock and not swa_cone_state_plans()
+    return [r.getMessage() for r in caplog.records if "swa_cone fallback" in r.getMessage()]
+
+
+def test_a_re_match_that_finds_no_node_keeps_the_stock_match(install_adapters, caplog, monkeypatch):
+    """Fault injected into the engine's tree walk on the key cut at s (the call cone makes, the
+    one with a limit): no node reported. Cone keeps the stock match and says why."""
+    cpu, drv, prompt = _lost_resume_point(install_adapters)
+    real = drv.cache._match_tree
+
+    def no_node(params):
+        result = real(params)
+        if params.key.limit is None:
+            return result
+        return result._replace(last_visited_node_id=None)     # the engine's MatchResult tuple
+
+    monkeypatch.setattr(drv.cache, "_match_tree", no_node)
+    fallbacks = _admit_without_plan(drv, prompt, caplog)
+    assert len(fallbacks) == 1 and fallbacks[0].endswith(
+        "swa_cone fallback: re-match on full KV found no node; stock match kept (logged once)"), fallbacks
+    assert receipts.counters["swa_cone"]["candidates"] == 0
+
+
+def test_a_re_match_that_ends_elsewhere_keeps_the_stock_match(install_adapters, caplog, monkeypatch):
+    """Fault injected into cone's path length of the re-matched node: one page longer than s (the
+    node at F still reaches F). Cone keeps the stock match and says why."""
+    from adapter import swa_cone
+
+    cpu, drv, prompt = _lost_resume_point(install_adapters)
+    real = swa_cone._path_len
+    monkeypatch.setattr(swa_cone, "_path_len", lambda cache, node, root: real(cache, node, root) + 256)
+    fallbacks = _admit_without_plan(drv, prompt, caplog)
+    assert len(fallbacks) == 1 and fallbacks[0].endswith(
+        "swa_cone fallback: re-match on full KV did not end at s; stock match kept (logged once)"), fallbacks
+    assert receipts.counters["swa_cone"]["candidates"] == 0
