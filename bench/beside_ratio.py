@@ -34,24 +34,16 @@ NEIGHBOUR_TOKENS = 96
 PROMPT = list(range(40, 72))
 
 
-def token_a() -> int:
-    from transformers import AutoTokenizer
-
-    from adapter.cpu import models
-
-    tok = AutoTokenizer.from_pretrained(str(models.ensure_model("dense")))
-    return next(i for i in range(models.VOCAB) if tok.decode([i]) == "a")
-
-
 def neighbours() -> dict:
+    from adapter.tools import traffic
+
     base = {"input_ids": list(range(100, 116))}
     greedy = {"max_new_tokens": NEIGHBOUR_TOKENS, "temperature": 0.0, "ignore_eos": True}
     return {
         "plain": {**base, "sampling_params": greedy},
-        # its letter biased, so the matching grows every step (tests/e2e/test_e2e_faults.py)
+        # its letter biased, so the matching grows every step
         "ambiguous grammar": {**base, "sampling_params": {
-            **greedy, "max_new_tokens": 400, "regex": "(a|aa|a*)*(a|aa)*b",
-            "logit_bias": {str(token_a()): 100.0}}},
+            **greedy, **traffic.ambiguous_grammar_sampling(400)}},
         "backtracking stop_regex": {**base, "sampling_params": {**greedy, "stop_regex": "(.+)+\\x00"}},
         "long stop strings": {**base, "sampling_params": {**greedy, "stop": ["x" * 2040, "y" * 2040]}},
     }

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
+import functools
 import json
 import random
 import threading
@@ -37,6 +38,28 @@ def token_ids(seed: int, n: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(VOCAB_LO, VOCAB_HI) for _ in range(n)]
 
+
+# An ambiguous regex grammar (input_guard's grammar step bound: bench/beside_ratio.py,
+# tests/e2e/grammar_traffic.py): xgrammar's matching grows with every "a" (on this CPU ~1 ms a
+# step at 80 tokens, ~45 ms at 200); the logit_bias keeps the dense model producing "a".
+AMBIGUOUS_REGEX = "(a|aa|a*)*(a|aa)*b"
+
+
+@functools.lru_cache(maxsize=None)
+def dense_token(text: str) -> int:
+    """The dense tiny model's token id that decodes to `text`."""
+    from transformers import AutoTokenizer
+
+    from adapter.cpu import models
+
+    tok = AutoTokenizer.from_pretrained(str(models.ensure_model("dense")))
+    return next(i for i in range(models.VOCAB) if tok.decode([i]) == text)
+
+
+def ambiguous_grammar_sampling(max_new_tokens: int) -> dict:
+    """Greedy sampling params of a request held on AMBIGUOUS_REGEX, its letter biased."""
+    return {"max_new_tokens": max_new_tokens, "temperature": 0.0, "regex": AMBIGUOUS_REGEX,
+            "logit_bias": {str(dense_token("a")): 100.0}}
 
 @dataclasses.dataclass
 class Record:

@@ -1,34 +1,19 @@
-"""An ambiguous regex grammar beside a plain stream, for the single-rank faults boot
-(tests/e2e/test_e2e_faults.py) and the two-node TP boot (tests/e2e/test_e2e_tp2.py)."""
+"""An ambiguous regex grammar (adapter/tools/traffic.py AMBIGUOUS_REGEX) beside a plain stream,
+for the single-rank faults boot (tests/e2e/test_e2e_faults.py) and the two-node TP boot
+(tests/e2e/test_e2e_tp2.py)."""
 from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
-import functools
 import time
 
 import requests
 
 from adapter.tools import traffic
 
-VOCAB = 1024
-# xgrammar's matching of this regex grows with every "a" (on this CPU ~1 ms a step at 80 tokens,
-# ~45 ms at 200); the request's logit_bias keeps the model producing "a".
-GRAMMAR_AMBIGUOUS = "(a|aa|a*)*(a|aa)*b"
 GRAMMAR_TOKENS = 400
 STREAM_TOKENS = 64
 BOUND_MESSAGE = "dsv41 input_guard: this request's grammar took "
-
-
-@functools.lru_cache(maxsize=None)
-def token_a() -> int:
-    """The dense model's token for "a" (the ambiguous grammar's letter)."""
-    from transformers import AutoTokenizer
-
-    from adapter.cpu import models
-
-    tok = AutoTokenizer.from_pretrained(str(models.ensure_model("dense")))
-    return next(i for i in range(VOCAB) if tok.decode([i]) == "a")
 
 
 @dataclasses.dataclass
@@ -56,9 +41,8 @@ def grammar_beside_stream(server) -> Beside:
     """The grammar request first, a plain greedy stream a moment later; both awaited."""
     with cf.ThreadPoolExecutor(2) as pool:
         grammar = pool.submit(requests.post, server.url + "/generate", json={
-            "input_ids": traffic.token_ids(44, 16), "sampling_params": {
-                "max_new_tokens": GRAMMAR_TOKENS, "temperature": 0.0, "regex": GRAMMAR_AMBIGUOUS,
-                "logit_bias": {str(token_a()): 100.0}}}, timeout=900)
+            "input_ids": traffic.token_ids(44, 16),
+            "sampling_params": traffic.ambiguous_grammar_sampling(GRAMMAR_TOKENS)}, timeout=900)
         time.sleep(2.0)
         began = time.monotonic()
         stream = pool.submit(requests.post, server.url + "/generate", json={
