@@ -672,12 +672,18 @@ def note_step_time(grammar, began: float) -> None:
         grammar._dsv41_step_us = spent
 
 
-def xgrammar_of(req, xgrammar_cls):
+@functools.lru_cache(maxsize=None)
+def _xgrammar_class():
+    """The engine's XGrammarGrammar (looked up once: the check runs after every batch)."""
+    return importlib.import_module(XG).XGrammarGrammar
+
+
+def xgrammar_of(req):
     """The engine's XGrammarGrammar behind a request's grammar, or None: a reasoning parser wraps
     it in a ReasonerGrammarObject whose `grammar` is the backend's."""
     grammar = getattr(req, "grammar", None)
     for _ in range(3):
-        if grammar is None or isinstance(grammar, xgrammar_cls):
+        if grammar is None or isinstance(grammar, _xgrammar_class()):
             return grammar
         grammar = getattr(grammar, "grammar", None)
     return None
@@ -826,9 +832,7 @@ def install(ctx) -> str:
         accept_token finishes it through the engine's own grammar error path."""
         out = original(self, batch, result)
         try:
-            xgrammar = importlib.import_module(XG).XGrammarGrammar
-            grammars = [g for g in (xgrammar_of(req, xgrammar) for req in (batch.reqs or ()))
-                        if g is not None]
+            grammars = [g for g in map(xgrammar_of, batch.reqs or ()) if g is not None]
             if not grammars:                     # the same batch on every rank: all skip alike
                 return out
             acts, group, world = bound_layout(self)
