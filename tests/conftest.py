@@ -61,14 +61,20 @@ def install_adapters():
     installer.set_mode("boot")
 
 
+def _child_env(env: dict | None) -> dict:
+    """A child interpreter's environment: PATH, HOME, PYTHONPATH=<repo root> (as the image has
+    it), then `env` on top."""
+    return {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/root"),
+            "PYTHONPATH": str(REPO_ROOT), **(env or {})}
+
+
 def run_two_ranks(code: str, tmp_path, mode: str, env: dict | None = None, timeout=300) -> list:
     """Run `code` in two child interpreters that form a torch.distributed group of two (gloo, a
     file rendezvous in tmp_path); each gets argv: rank, mode, init method, output path, and writes
     its JSON there. Returns both ranks' JSON; fails with both logs when either child fails."""
     import json
 
-    child_env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/root"),
-                 "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
+    child_env = _child_env({"OMP_NUM_THREADS": "1", **(env or {})})
     init = f"file://{tmp_path}/rendezvous-{mode}"
     outs = [tmp_path / f"{mode}-rank{r}.json" for r in (0, 1)]
     procs = [subprocess.Popen([sys.executable, "-c", code, str(r), mode, init, str(outs[r])],
@@ -90,10 +96,7 @@ def run_python(code: str, env: dict | None = None, args=(), argv=(), timeout=300
     `args` go before `-c` (interpreter flags), `argv` after the code (sys.argv[1:]); `env` may
     override PYTHONPATH (e.g. to run without our sitecustomize.py).
     """
-    child_env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/root"),
-                 "PYTHONPATH": str(REPO_ROOT)}
-    child_env.update(env or {})
-    return subprocess.run([sys.executable, *args, "-c", code, *argv], env=child_env, cwd=cwd,
+    return subprocess.run([sys.executable, *args, "-c", code, *argv], env=_child_env(env), cwd=cwd,
                           capture_output=True, text=True, timeout=timeout)
 
 
