@@ -44,3 +44,24 @@ def test_first_rank_only_under_tp():
     run = _run([LINE.format(0.30, 3.0, 7.0)], role="sglang::scheduler_TP0 pid 12")
     run.logs["sglang::scheduler_TP1 pid 13"] = LINE.format(0.50, 5.0, 5.0)
     assert canary.yield_shares(run)["achieved_share_engine_per_prompt"] == [0.30]
+
+
+def test_capped_chunks_and_online_scales_are_reported():
+    """A prompt whose plans the 128-step cap cut on 3 of its 5 chunks, with online scales: the
+    line keeps its form (achieved first) and says how many chunks were capped; the scales and the
+    unmeasured reason are read without the line's tail."""
+    capped = (LINE.format(0.20, 1.2, 4.8) + "; 3 of 5 chunks capped at 128 steps; online scales at "
+              "its last plan: chunk x4.58 (fitted to 5 windows: 0,31000,23000,0), decode step x0.0415 "
+              "(agreed over the TP group)")
+    tail = ("; online scales at its last plan: chunk x16 (the model's, level-scaled), decode step "
+            "x0.483 (agreed over the TP group)")
+    eff = canary.yield_shares(_run([capped, UNMEASURED + tail]))
+    assert eff["chunks_capped"] == 3 and eff["chunks_yielded_measured"] == 5
+    assert eff["online_scales"] == [[4.58, 0.0415]]
+    assert eff["not_measured"] == ["(the engine has timed no decode step yet (none followed another))"]
+    assert canary.yield_line("dense", eff) == (
+        "decode_yield dense: achieved share 0.20 (configured 0.33); 3 of 5 chunks capped at 128 "
+        "decode steps (worth more: the share falls short there by design)")
+    plain = canary.yield_shares(_run([LINE.format(0.30, 3.0, 7.0)]))
+    assert plain["chunks_capped"] == 0 and plain["online_scales"] == []
+    assert canary.yield_line("dense", plain) == "decode_yield dense: achieved share 0.30 (configured 0.33)"

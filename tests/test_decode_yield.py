@@ -361,7 +361,9 @@ def test_adapter_reads_no_clock_and_nothing_rank_local():
             imported |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             imported.add(node.module)
-    assert imported <= {"__future__", "typing", "adapter", "sglang.srt.runtime_context"}, imported
+    # numpy / scipy.optimize: the online chunk fit (NNLS of agreed readings: no clock, no rank)
+    assert imported <= {"__future__", "typing", "adapter", "sglang.srt.runtime_context", "numpy",
+                        "scipy.optimize"}, imported
     names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     assert not names & {"tp_rank", "attn_tp_rank", "dp_rank", "gpu_id", "environ"}
 
@@ -586,6 +588,7 @@ def test_online_calibration_lands_the_share_where_the_model_is_off(online_on, ch
     _, trace, _, _ = scenario(on_step=_feed_machine(chunk_x, step_x))
     online = _machine_share(trace, chunk_x, step_x)
     assert abs(online - 0.33) <= 0.05, online
+    # one agreement per non-final chunk (the prompt's, and the streams' none: single passes)
     assert counters()["online_scales_agreed"] == len(chunk_gaps(trace))
     online_on(33, online=None)
     _, fixed_trace, _, _ = scenario(on_step=_feed_machine(chunk_x, step_x))
@@ -594,6 +597,72 @@ def test_online_calibration_lands_the_share_where_the_model_is_off(online_on, ch
         assert shape(fixed_trace) == shape(trace)      # the model fits: the scales are 1
     else:
         assert abs(fixed - 0.33) > 0.15, fixed           # the negative control: the model alone misses
+
+
+def _feed_quadratic_machine(k_ps=4_500, step_x=1.0):
+    """A machine whose chunk cost is attention over the whole context, k·((P + L)² − P²) per
+    request (the CPU server's torch_native shape), nothing like the cluster constants' shape
+    (mostly per token): the engine's prefill counter is fed that; decode steps step_x x model."""
+    from sglang.srt.managers.scheduler import _accumulate_decode_moment
+
+    def chunk_us(st):
+        return sum(k_ps * ((p + n) ** 2 - p * p) // 1_000_000 for _, p, n in st.spans)
+
+    def feed(loop):
+        s, trace = loop.s, loop.trace
+        if not hasattr(s, "decode_moment_totals"):
+            s.total_prefill_busy_us, s.decode_moment_totals = 0, [0.0] * 6
+        cur = trace[-1]
+        if cur.kind == "extend":
+            s.total_prefill_busy_us += chunk_us(cur)
+        elif cur.kind == "decode" and len(trace) > 1 and trace[-2].kind == "decode":
+            _accumulate_decode_moment(s.decode_moment_totals, len(cur.rids),
+                                      int(trace[-2].cost_us * step_x), len(cur.rids))
+    feed.chunk_us = chunk_us
+    return feed
+
+
+def _quadratic_share(trace, feed, step_x=1.0, rid="p"):
+    first = next(i for i, st in enumerate(trace) if st.kind == "extend" and rid in st.rids)
+    last = max(i for i, st in enumerate(trace) if st.kind == "extend" and rid in st.rids)
+    decode = sum(st.cost_us for st in trace[first:last] if st.kind == "decode") * step_x
+    chunks = sum(feed.chunk_us(st) for st in trace[first:last] if st.kind == "extend")
+    return decode / (decode + chunks)
+
+
+def test_online_fit_follows_a_chunk_cost_of_another_shape(online_on, monkeypatch):
+    """The machine's chunks grow with the whole context squared while the model's barely grow
+    with the prefix: a level scale alone lags every chunk (the control, the fit switched off),
+    the fit of the chunk form to the measured windows follows it: within 0.05 of 0.33."""
+    feed = _feed_quadratic_machine()
+    prompt = 9 * CHUNK + 1000
+    online_on(33)
+    _, fitted, _, _ = scenario(prompt=prompt, on_step=feed)
+    with_fit = _quadratic_share(fitted, feed)
+    monkeypatch.setattr(dy, "FIT_MIN_WINDOWS", 10**6)      # level scale only
+    _, level, _, _ = scenario(prompt=prompt, on_step=feed)
+    level_only = _quadratic_share(level, feed)
+    # the modelled clock is deterministic: fit 0.327, level scale alone 0.298 (each chunk priced
+    # from the one before it, always one growth step behind)
+    assert abs(with_fit - 0.33) <= 0.015, (with_fit, level_only)
+    assert level_only < 0.31, (with_fit, level_only)
+
+
+def test_the_line_counts_the_chunks_the_cap_cut(online_on, caplog):
+    """A machine whose chunks are worth far more than 128 steps (chunks 20x the model's, steps
+    0.5x): every plan is capped, the share falls short, and the prompt's line says so."""
+    import logging
+
+    online_on(33)
+    with caplog.at_level(logging.INFO, logger="sglang.dsv41"):
+        _, trace, _, _ = scenario(on_step=_feed_machine(20.0, 0.5))
+    gaps = [n for _, n, _ in chunk_gaps(trace)]
+    assert gaps and all(n == dy.MAX_STEPS for n in gaps[1:]), gaps
+    assert _machine_share(trace, 20.0, 0.5) < 0.28
+    line = [r.getMessage() for r in caplog.records if " left chunked prefill" in r.getMessage()][-1]
+    capped = sum(n == dy.MAX_STEPS for n in gaps)
+    assert f"; {capped} of {len(gaps)} chunks capped at 128 steps; online scales" in line, line
+    assert "(fitted to " in line, line
 
 
 def test_online_with_no_engine_timings_keeps_the_model(online_on):

@@ -357,6 +357,8 @@ def rank_agreement(run: ConfigRun) -> dict:
 
 ACHIEVED_RE = re.compile(r"achieved share (\d+\.\d+) \(configured (\d+\.\d+)\) by the engine's "
                          r"step timings: decode (\d+\.\d+) s over \d+ steps, prefill (\d+\.\d+) s")
+CAPPED_RE = re.compile(r"; (\d+) of (\d+) chunks capped at (\d+) steps")
+SCALES_RE = re.compile(r"online scales at its last plan: chunk x(\S+) \([^)]*\), decode step x(\S+) \(")
 
 
 def yield_shares(run: ConfigRun) -> dict:
@@ -371,12 +373,20 @@ def yield_shares(run: ConfigRun) -> dict:
         lines = run.dsv41_lines("decode_yield", f"sglang::{ranks[0]}")
     found = [m for m in (ACHIEVED_RE.search(ln) for ln in lines) if m]
     decode, prefill = (sum(float(m.group(k)) for m in found) for k in (3, 4))
+    capped = [m for m in (CAPPED_RE.search(ln) for ln in lines if ACHIEVED_RE.search(ln)) if m]
     return {"configured_share": int(share) / 100 if share else None,
             "achieved_share_engine": round(decode / (decode + prefill), 4) if found and decode + prefill > 0 else None,
             "achieved_share_engine_per_prompt": [float(m.group(1)) for m in found],
             "yield_window_s": {"decode": round(decode, 3), "prefill": round(prefill, 3)},
-            "not_measured": [ln.split("achieved share not measured ", 1)[1] for ln in lines
-                             if "achieved share not measured " in ln][:3]}
+            "not_measured": [ln.split("achieved share not measured ", 1)[1].split("; ", 1)[0]
+                             for ln in lines if "achieved share not measured " in ln][:3],
+            # the measured prompts' chunks whose plan the 128-step cap cut (the share falls short
+            # there by design) and the online scales of each measured prompt's last plan
+            "chunks_capped": sum(int(m.group(1)) for m in capped),
+            "chunks_yielded_measured": sum(int(re.search(r"(\d+) chunks yielded", ln).group(1))
+                                           for ln in lines if ACHIEVED_RE.search(ln)),
+            "online_scales": [[float(m.group(1)), float(m.group(2))] for m in
+                              (SCALES_RE.search(ln) for ln in lines if ACHIEVED_RE.search(ln)) if m]}
 
 
 def yield_line(model: str, eff: dict) -> Optional[str]:
@@ -387,7 +397,11 @@ def yield_line(model: str, eff: dict) -> Optional[str]:
     if got is None:
         why = "; ".join(eff.get("not_measured") or []) or "(no yielded prompt)"
         return f"decode_yield {model}: achieved share not measured {why} (configured {eff['configured_share']:.2f})"
-    return f"decode_yield {model}: achieved share {got:.2f} (configured {eff['configured_share']:.2f})"
+    line = f"decode_yield {model}: achieved share {got:.2f} (configured {eff['configured_share']:.2f})"
+    if eff.get("chunks_capped"):
+        line += (f"; {eff['chunks_capped']} of {eff['chunks_yielded_measured']} chunks capped at "
+                 f"128 decode steps (worth more: the share falls short there by design)")
+    return line
 
 
 def _effect(adapter: str, line: ConfigRun, control: ConfigRun) -> dict:
