@@ -70,7 +70,8 @@ def test_more_steps_per_chunk_buy_cadence_with_first_token_time(yield_rows):
     assert ttft == sorted(ttft) and len(set(ttft)) == 4
     y = rows["yield 33"]
     assert rows["stock PDI 1"]["cadence"] < y["cadence"]
-    assert 1 <= y["decode_steps_between_chunks"]["min"] <= y["decode_steps_between_chunks"]["max"] <= dy.MAX_STEPS
+    gaps = y["decode_steps_between_chunks"]
+    assert 1 <= gaps["min"] <= gaps["max"] <= dy.MAX_STEPS
     # the same rate before the prompt on every row (the same streams, the same clock)
     assert len({r["rate_before_tok_s"] for r in rows.values() if r["chunk"] == CHUNK}) == 1
 
@@ -133,10 +134,14 @@ def test_yield_row_alone_installs_the_adapter_and_unset_share_drops_it(monkeypat
     assert installed == [(1, CHUNK, False, "installed")]          # the yield row only
     assert (1, CHUNK // 2, False, None) in seen and (1, CHUNK, True, None) in seen
     seen.clear()
-    assert ysim.main(["--alternatives", "--share", "unset"]) == 0
-    text = capsys.readouterr().out
-    assert "yield" not in text.split("\n", 2)[2].split("  mixed chunk:")[0]   # rows, not notes
+    assert ysim.main(["--alternatives", "--json", "--share", "unset"]) == 0
+    names = [r["name"] for r in json.loads(capsys.readouterr().out)["alternatives"]]
+    assert names == ["engine PDI 0", "stock PDI 1", "PDI 8", "PDI 16", "mixed chunk", "half chunk"]
     assert len(seen) == 6 and not any(s[3] for s in seen)
+    # the text table: one line per row
+    assert ysim.main(["--alternatives", "--share", "33"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split("  ")[0] for ln in lines[2:9]] == names + ["yield 33"]
 
 
 # --- cache side ---------------------------------------------------------------------------------
