@@ -13,6 +13,13 @@ engine's result processor does (one token per row, finish check, checkpoint / re
 cadence = stream decode rate while the 500K prompt is in prefill / the rate just before it;
 first_token_ratio = that prompt's time to first token with yield / without.
 
+`--alternatives` runs the same loop once per engine knob an operator would try instead (the
+interval at 0 / 1 / 8 / 16, `--enable-mixed-chunk`, half the chunk) and once with the yield, one row
+each (`ALTERNATIVES`). The interval and the mixed path are the engine's own (`prefill_decode_interval`
+and `is_mixed_chunk` on the real Scheduler: PrefillAdder, `ScheduleBatch.mix_with_running`); only
+the price of a mixed pass is this sim's (`extend_pass_cost_us`), since the cost model has no mixed
+form.
+
 The same harness (`build_scheduler`, `Loop`) drives the real methods in tests/test_decode_yield*.py.
 
 A Scheduler is built with object.__new__ and only the attributes the scheduling step touches
@@ -197,6 +204,27 @@ def make_req(rid: str, tokens: int, *, max_new_tokens: int, salt: int = 0):
     return Req(rid=rid, origin_input_text="", origin_input_ids=ids, sampling_params=params)
 
 
+def extend_pass_cost_us(batch) -> int:
+    """Modelled time of an extend pass on the clock of adapter/decode_yield.py.
+
+    A plain extend is `pass_cost_us` over its requests. A mixed pass (`--enable-mixed-chunk`: the
+    engine's `mix_with_running` put the running streams' decode rows into the extend, listed in
+    `batch.decoding_reqs` and appended to `batch.reqs` with extend length 1) is priced by this sim,
+    not by the adapter's cost model, which has no mixed form and would price each row as a
+    one-token chunk (its pair term: ~0.1 ms at 300K). Each decode row's attention still reads its
+    whole context, as in a decode step, so a row costs the decode step's per-row and per-context
+    terms; only the step's fixed term (one forward's weights and collectives) is shared with the
+    chunk's forward.
+    """
+    rows = list(batch.decoding_reqs or ())
+    prefill = len(batch.reqs) - len(rows)           # mix_with_running appends the rows last
+    cost = model.pass_cost_us(batch.extend_lens[:prefill], batch.prefix_lens[:prefill])
+    if rows:
+        cost += (model.step_cost_us(len(rows), sum(r.seqlen for r in rows))
+                 - model.CLUSTER.step_fixed_us)
+    return cost
+
+
 @dataclasses.dataclass
 class Step:
     """One scheduling step as the engine decided it."""
@@ -263,7 +291,7 @@ class Loop:
                           zip(batch.reqs, batch.prefix_lens, batch.extend_lens))
             rows = list(plan.running_batch.reqs) + list(batch.decoding_reqs or ())
             rec = Step("extend", tuple(r.rid for r in batch.reqs), spans,
-                       model.pass_cost_us(batch.extend_lens, batch.prefix_lens),
+                       extend_pass_cost_us(batch),
                        rows=(len(rows), sum(r.seqlen for r in rows)))
         else:
             rows = batch.reqs
@@ -317,11 +345,11 @@ class Loop:
 # --- The A/B --------------------------------------------------------------------------------
 
 def _one_run(*, stream_ctx: int, prompt: int, chunk: int, interval: int,
-             backend: str) -> dict:
+             backend: str, mixed_chunk: bool = False) -> dict:
     full = 2 * (stream_ctx + 4 * PAGE) + prompt + 8 * chunk
     s = build_scheduler(chunk=chunk, interval=interval, full_tokens=full, swa_tokens=16 * chunk,
                         req_slots=4, max_context_len=max(stream_ctx, prompt) + 4 * chunk,
-                        backend=backend)
+                        backend=backend, mixed_chunk=mixed_chunk)
     loop = Loop(s)
     streams = [make_req(f"stream{i}", stream_ctx, max_new_tokens=1 << 30, salt=i + 1)
                for i in range(2)]
@@ -350,8 +378,13 @@ def _one_run(*, stream_ctx: int, prompt: int, chunk: int, interval: int,
             run = 0
         elif st.kind == "decode":
             run += 1
+    # stream tokens that rode in extend passes (mixed chunk only; 0 otherwise)
+    in_extend = sum(1 for st in during if st.kind == "extend" and streams[0].rid in st.rids)
     return {"cadence": (decode_steps / ttft) / before_rate, "ttft_us": ttft,
             "chunks": len(chunks), "decode_steps": decode_steps,
+            "rate_before_tok_s": round(before_rate * 1e6, 3),
+            "rate_during_tok_s": round(decode_steps / ttft * 1e6, 3),
+            "stream_tokens_in_extend_passes": in_extend,
             "decode_steps_between_chunks": {"min": min(per_chunk, default=0),
                                             "max": max(per_chunk, default=0),
                                             "total": sum(per_chunk)},
@@ -392,6 +425,120 @@ def run_ab(share: Optional[int], *, stream_ctx: int = STREAM_CONTEXT, prompt: in
                         "first_token_ratio": {"33": 1.47, "50": 1.94}}}
 
 
+# --- The engine's own knobs beside the yield (`--alternatives`, issue 43) ------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Alternative:
+    """One change to the production line (--prefill-decode-interval 1, 8192-token chunks) that an
+    operator would try instead of DSV41_DECODE_YIELD, or the yield itself."""
+    name: str
+    change: str                 # the launch change as written on the line ("" : built per run)
+    interval: int = 1           # --prefill-decode-interval (the engine attribute the step reads)
+    half_chunk: bool = False    # --chunked-prefill-size at half the run's chunk
+    mixed_chunk: bool = False   # --enable-mixed-chunk (Scheduler.is_mixed_chunk)
+    yield_share: bool = False   # DSV41_DECODE_YIELD at the run's --share, through the installer
+
+
+ALTERNATIVES = (
+    # the engine's own default (interval unset: off), the baseline upstream PR #40443 compares to
+    Alternative("engine PDI 0", "--prefill-decode-interval 0 (engine default)", interval=0),
+    Alternative("stock PDI 1", "none (the production line without the key)"),
+    Alternative("PDI 8", "--prefill-decode-interval 8", interval=8),
+    Alternative("PDI 16", "--prefill-decode-interval 16", interval=16),
+    Alternative("mixed chunk", "--enable-mixed-chunk", mixed_chunk=True),
+    Alternative("half chunk", "", half_chunk=True),
+    Alternative("yield", "", yield_share=True),
+)
+
+MIXED_PRICING = ("mixed chunk: the engine's own mixed path runs (PrefillAdder with the running "
+                 "rows' budget, ScheduleBatch.mix_with_running); its pass is priced by the sim: "
+                 "chunk pass cost + per decode row the decode step's per-row and per-context terms "
+                 "(extend_pass_cost_us). The cost model has no mixed form and was never fitted to "
+                 "a mixed pass; under DSpark a mixed row is a plain 1-token decode (the engine's "
+                 "speculative hook says so) where a decode step may accept more.")
+
+
+def run_alternatives(*, share: Optional[int] = 33, stream_ctx: int = STREAM_CONTEXT,
+                     prompt: int = PROMPT_TOKENS, chunk: int = CHUNK, backend: str = "rust",
+                     names=None) -> dict:
+    """One run per ALTERNATIVES row on fresh schedulers (the yield row through the production
+    installer with DSV41_DECODE_YIELD=share; share None leaves that row out). Every row reads the
+    same two streams and the same cold prompt; TTFT ratios are against the stock row."""
+    from adapter import installer
+    from adapter.cpu import cpu_engine
+
+    cpu_engine.install_torchvision_shim()
+    import sglang.srt.managers.scheduler  # noqa: F401
+
+    rows = []
+    for alt in ALTERNATIVES:
+        if (names is not None and alt.name not in names) or (alt.yield_share and share is None):
+            continue
+        run_chunk = chunk // 2 if alt.half_chunk else chunk
+        change = alt.change
+        if alt.half_chunk:
+            change = f"--chunked-prefill-size {run_chunk}"
+        if alt.yield_share:
+            change = f"{model.KEY}={share}"
+        try:
+            if alt.yield_share:
+                state = installer.install_in_process({model.KEY: str(share)})[model.NAME]
+                if state.status != "installed":
+                    raise RuntimeError(f"decode_yield: unexpected install state {state.status}: "
+                                       f"{state.detail}")
+            else:
+                installer.reset_for_tests()
+            run = _one_run(stream_ctx=stream_ctx, prompt=prompt, chunk=run_chunk,
+                           interval=alt.interval, backend=backend, mixed_chunk=alt.mixed_chunk)
+        finally:
+            installer.reset_for_tests()
+            installer.set_mode("boot")
+        rows.append({
+            "name": f"yield {share}" if alt.yield_share else alt.name,
+            "change": change,
+            "prefill_decode_interval": alt.interval, "chunk": run_chunk,
+            "mixed_chunk": alt.mixed_chunk, "share": share if alt.yield_share else None,
+            "cadence": round(run["cadence"], 3),
+            "rate_during_tok_s": run["rate_during_tok_s"],
+            "rate_before_tok_s": run["rate_before_tok_s"],
+            "ttft_s": round(run["ttft_us"] / 1e6, 1),
+            "chunks": run["chunks"],
+            "decode_steps_between_chunks": run["decode_steps_between_chunks"],
+            "stream_tokens_in_extend_passes": run["stream_tokens_in_extend_passes"],
+            "clock": "sim-priced mixed pass" if alt.mixed_chunk else "cost model",
+            "_ttft_us": run["ttft_us"],
+        })
+    stock_us = next((r["_ttft_us"] for r in rows if r["name"] == "stock PDI 1"), None)
+    for r in rows:
+        r["ttft_vs_stock"] = round(r["_ttft_us"] / stock_us, 3) if stock_us else None
+        del r["_ttft_us"]
+    return {"alternatives": rows,
+            "setup": {"streams": 2, "stream_context": stream_ctx, "prompt": prompt, "chunk": chunk,
+                      "page": PAGE, "tree_core": backend,
+                      "clock": "adapter/decode_yield.py cluster constants " + model.CLUSTER.value()},
+            "mixed_chunk_pricing": MIXED_PRICING,
+            "cluster": {"cadence_stock": 0.080, "cadence_yield": {"33": 0.393, "50": 0.524},
+                        "first_token_ratio": {"33": 1.47, "50": 1.94}}}
+
+
+def print_alternatives(result: dict) -> None:
+    st = result["setup"]
+    print(f"decode yield alternatives (modelled clock, the engine's real scheduler): 2 streams at "
+          f"{st['stream_context']} tokens, cold {st['prompt']}-token prompt, {st['chunk']}-token "
+          f"chunks unless the row changes them")
+    print(f"{'line':<12}  {'change':<44}  {'cadence':>7}  {'tok/s during / before':>21}  "
+          f"{'TTFT s':>6}  {'x stock':>7}  {'steps between chunks':>20}  {'in extend':>9}")
+    for r in result["alternatives"]:
+        gaps = r["decode_steps_between_chunks"]
+        print(f"{r['name']:<12}  {r['change']:<44}  {r['cadence']:>7.3f}  "
+              f"{r['rate_during_tok_s']:>9.2f} / {r['rate_before_tok_s']:>9.2f}  "
+              f"{r['ttft_s']:>6.1f}  {r['ttft_vs_stock'] or 0:>7.3f}  "
+              f"{gaps['min']:>5}..{gaps['max']:<4} ({gaps['total']:>5})  "
+              f"{r['stream_tokens_in_extend_passes']:>9}")
+    print(f"  {result['mixed_chunk_pricing']}")
+    print("  cluster: 0.080 -> 0.393 (share 33), 0.524 (share 50); first token x1.47 / x1.94")
+
+
 def _share(text: str) -> Optional[int]:
     if text.lower() in ("unset", "off", "none"):
         return None
@@ -415,7 +562,19 @@ def main(argv=None) -> int:
                    help=f"--prefill-decode-interval (default {INTERVAL})")
     p.add_argument("--tree-core", choices=("rust", "python"), default="rust",
                    help="the radix cache's tree core (default rust, the engine's)")
+    p.add_argument("--alternatives", action="store_true",
+                   help="one row per alternative to the yield: engine PDI 0, stock PDI 1, PDI 8, "
+                        "PDI 16, mixed chunk, half chunk, yield at --share (interval per row; "
+                        "--interval unused)")
     args = p.parse_args(argv)
+    if args.alternatives:
+        alt = run_alternatives(share=args.share, stream_ctx=args.stream_context,
+                               prompt=args.prompt, chunk=args.chunk, backend=args.tree_core)
+        if args.json:
+            print(json.dumps(alt, indent=1, sort_keys=False))
+        else:
+            print_alternatives(alt)
+        return 0
     result = run_ab(args.share, stream_ctx=args.stream_context, prompt=args.prompt,
                     chunk=args.chunk, interval=args.interval, backend=args.tree_core)
     if args.json:

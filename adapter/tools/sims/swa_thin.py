@@ -15,6 +15,9 @@ allocator decision. Requests run interleaved (round robin, one chunk or one deco
 SGLANG_SWA_EVICTION_INTERVAL=128 tokens per turn) with at most `concurrency` in flight.
 
 `--pool` computes the KV-pool trade-off of 128 / 256 / 384 tails from the engine's own sizing.
+`--alternatives` runs the scenario once per cache alternative (`CACHE_ALTERNATIVES`: stock at 128 /
+384 tails, stock with `--swa-full-tokens-ratio 0.22`, thin at 128 / 384 tails), each on its pool from
+the engine's sizing (ratio mode for the ratio row), with the resumed turns' modelled prefill time.
 """
 from __future__ import annotations
 
@@ -50,8 +53,14 @@ def _set_server_args(**extra):
     set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=PAGE, **extra))
 
 
-def _configurator(tails: int):
-    """The engine's DSV4PoolConfigurator with the attributes its SWA cap sizing reads."""
+def _configurator(tails: int, swa_ratio: float | None = None):
+    """The engine's DSV4PoolConfigurator with the attributes its SWA cap sizing reads.
+
+    `swa_ratio` set: the operator's --swa-full-tokens-ratio. The engine's __init__ would read it
+    as `_operator_swa_full_tokens_ratio()`, which only a CLI parse marks as explicitly set, so it
+    is set here directly; `_resolve_swa_cap_tokens` then returns None (ratio sizing: SWA slots =
+    ratio x full tokens) and the tails size nothing, as SPEC says.
+    """
     from adapter.cpu import cpu_engine
 
     cpu_engine.install_torchvision_shim()
@@ -59,7 +68,7 @@ def _configurator(tails: int):
 
     _set_server_args(swa_prefix_tails=tails, **POOL_LAUNCH)
     c = object.__new__(DSV4PoolConfigurator)   # the engine's own tests build it this way
-    c.operator_swa_ratio = None
+    c.operator_swa_ratio = swa_ratio
     c._unified = False
     c._unified_fp8 = False
     c.requested_max_running_requests_per_worker = POOL_LAUNCH["max_running_requests"]
@@ -73,7 +82,7 @@ def _configurator(tails: int):
     c.stage_owner_layers = {}
     c.ring_sizes = {}
     c.c4_shrink_factor = 1
-    c.swa_ratio = 0.0
+    c.swa_ratio = 0.0 if swa_ratio is None else swa_ratio
     c.swa_prefix_tails = c._resolve_swa_prefix_tails()
     c.swa_cap_tokens = c._resolve_swa_cap_tokens()
     return c
@@ -90,6 +99,46 @@ def swa_slots(tails: int) -> int:
     return _configurator(tails).swa_cap_tokens
 
 
+def _calibration(full_at_128: int = 4_997_632, full_at_384: int = 3_444_224):
+    """(bytes per full token, bytes per SWA slot, available bytes), calibrated from SPEC's 128- and
+    384-tail full pools (see pool_table)."""
+    s128, s384 = swa_slots(128), swa_slots(384)
+    bytes_per_full = 1000.0                      # arbitrary unit; only the ratio is calibrated
+    bytes_per_swa = (full_at_128 - full_at_384) / (s384 - s128) * bytes_per_full
+    available = full_at_128 * bytes_per_full + s128 * bytes_per_swa + PAGE * bytes_per_full / 2
+    return bytes_per_full, bytes_per_swa, available
+
+
+@functools.lru_cache(maxsize=None)
+def ratio_pool(swa_ratio: float) -> dict:
+    """SWA slots and full tokens with --swa-full-tokens-ratio set, on the same calibrated memory
+    budget as pool_table: the engine's calculate_pool_sizes in ratio mode, where a full token
+    also pays for `ratio` SWA slots (`_get_bytes_per_full_token`: ratio x bytes per SWA slot +
+    the compressed layers' bytes, here the calibrated full-token unit) and SWA slots = ratio x
+    full tokens. `tails_equivalent`: how many (window + page) tails the SWA pool holds beyond the
+    engine's running-request cap (`compute_swa_request_cap`), to compare with --swa-prefix-tails.
+    """
+    import contextlib
+    import io
+
+    from sglang.srt.model_executor.pool_configurator import compute_swa_request_cap
+
+    bytes_per_full, bytes_per_swa, available = _calibration()
+    c = _configurator(0, swa_ratio)
+    if c.swa_cap_tokens is not None:
+        raise RuntimeError("ratio sizing expected: the engine kept the tails-based SWA cap")
+    c.bytes_per_swa_token = bytes_per_swa
+    c.bytes_per_full_token = c._get_bytes_per_full_token() + bytes_per_full
+    with contextlib.redirect_stdout(io.StringIO()):
+        cfg = c.calculate_pool_sizes(available, PAGE)
+    cap = compute_swa_request_cap(page_size=PAGE, window=WINDOW, attn_dp_size=1)
+    swa = cfg.swa_max_total_num_tokens
+    return {"swa_full_tokens_ratio": swa_ratio, "swa_slots": swa,
+            "full_tokens": cfg.full_max_total_num_tokens,
+            "contexts_1m": cfg.full_max_total_num_tokens // 1_000_000,
+            "tails_equivalent": (swa - cap) // (WINDOW + PAGE)}
+
+
 @functools.lru_cache(maxsize=None)
 def pool_table(full_at_128: int = 4_997_632, full_at_384: int = 3_444_224):
     """SWA slots (engine sizing) and full-pool tokens per tails.
@@ -103,11 +152,8 @@ def pool_table(full_at_128: int = 4_997_632, full_at_384: int = 3_444_224):
     import contextlib
     import io
 
-    s128, s384 = swa_slots(128), swa_slots(384)
-    bytes_per_full = 1000.0                      # arbitrary unit; only the ratio is calibrated
-    ratio = (full_at_128 - full_at_384) / (s384 - s128)
-    bytes_per_swa = ratio * bytes_per_full
-    available = full_at_128 * bytes_per_full + s128 * bytes_per_swa + PAGE * bytes_per_full / 2
+    bytes_per_full, bytes_per_swa, available = _calibration(full_at_128, full_at_384)
+    ratio = bytes_per_swa / bytes_per_full
     rows = []
     for tails in (128, 256, 384):
         c = _configurator(tails)
@@ -147,6 +193,10 @@ class TurnResult:
     prefix: int = 0             # prefix of the first pass as admitted (cone replay: s = F - N)
     prefill: int = 0            # tokens prefilled over all passes (sum of extend lengths)
     waits: int = 0              # scheduling rounds the adder did not admit it
+    passes: list = dataclasses.field(default_factory=list)   # (prefix, extend) of each pass
+    # full KV resident from the start at admission: the match's page-aligned resident end
+    # (swa_branching_seqlen) when its window was lost, else the stock match
+    full_resident: int = 0
 
 
 MAX_WAIT_ROUNDS = 100_000       # a request the adder never admits is a sim bug, not a wait
@@ -201,13 +251,15 @@ class Driver:
         while True:
             req.init_next_round_input(cache)
             stock = req.prefix_len
+            resident = max(stock, req.swa_branching_seqlen or 0)
             adder = self.adder(chunk, stock)
             adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
             if any(r is req for r in adder.can_run_list):
                 break
             waits = self._wait(req, waits)
             yield
-        result = TurnResult(name, len(prompt), stock, req.prefix_len, 0, waits)
+        result = TurnResult(name, len(prompt), stock, req.prefix_len, 0, waits,
+                            full_resident=resident)
         self.results.append(result)
         cpu.req_to_token_pool.alloc([req])
         row = req.kv.req_pool_idx
@@ -230,6 +282,7 @@ class Driver:
         while True:                                # chunked prefill: passes the adder selected
             end = req.extend_end
             result.prefill += end - req.prefix_len
+            result.passes.append((req.prefix_len, end - req.prefix_len))
             grow(end)
             checkpoint_kv_cache(req, cache)        # stash / post-prefill checkpoint
             self.trace.append((req.rid, req.last_node, end))
@@ -403,6 +456,8 @@ def run_scenario(tails: int, environ: dict, *, backend: str = "rust", scenario: 
         "replays_whole_run": cone_run.get("plans", 0),
         "cone_fallbacks": {k.split(":", 1)[1]: v for k, v in cone_run.items()
                            if k.startswith("fallback:")},
+        "_resume_passes": [r.passes for r in resumed],
+        "_resume_full_resident": [r.full_resident for r in resumed],
         "_idle_lens": idle_lens,
         "_core": core,
         "_adapters": states,
@@ -430,6 +485,99 @@ def cone_variants(tokens: int = 8192) -> dict:
     """`--cone`: control, thin, cone replay alone, thin + cone replay."""
     cone = {"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_TOKENS": str(tokens)}
     return {**VARIANTS, "cone": dict(cone), "thin_cone": {"DSV41_SWA_THIN": "1", **cone}}
+
+
+# --- The cache alternatives (`--alternatives`, issue 43) ----------------------------------------
+
+# What an operator would try instead of thin at 384 tails, and thin itself.
+# name -> (--swa-prefix-tails, --swa-full-tokens-ratio, environment).
+PUBLIC_RATIO = 0.22     # a public 4-Spark TP4 line: 0 % revisit hits by default, 100 % at 0.22
+CACHE_ALTERNATIVES = {
+    "stock 128": (128, None, VARIANTS["control"]),
+    "stock 384": (384, None, VARIANTS["control"]),
+    f"stock ratio {PUBLIC_RATIO}": (None, PUBLIC_RATIO, VARIANTS["control"]),
+    "thin 128": (128, None, VARIANTS["thin"]),
+    "thin 384": (384, None, VARIANTS["thin"]),
+}
+
+
+def alternative_pool(tails, swa_ratio) -> dict:
+    """The engine's sizing for one alternative: tails-based (pool_table's line) or ratio-based."""
+    if swa_ratio is not None:
+        return ratio_pool(swa_ratio)
+    full = pool_full_tokens(tails)
+    return {"swa_slots": swa_slots(tails), "full_tokens": full, "contexts_1m": full // 1_000_000}
+
+
+def modelled_prefill_s(passes) -> float:
+    """Seconds of prefill forwards for a turn's passes on decode yield's cluster cost model
+    (adapter/decode_yield.py pass_cost_us): the resumed turn's time to first token without queueing
+    or the other traffic's passes."""
+    from adapter import decode_yield as cost
+
+    return round(sum(cost.pass_cost_us([extend], [prefix]) for prefix, extend in passes) / 1e6, 2)
+
+
+def cache_alternatives(*, scenario: Scenario = Scenario(), chunk_grid: bool = True,
+                       pools: dict | None = None, names=None) -> dict:
+    """Run the thin scenario once per CACHE_ALTERNATIVES row on that row's pool.
+
+    `pools` (tests): name -> (full tokens, SWA slots) replacing the engine's sizing of that row.
+    """
+    rows = []
+    for name, (tails, swa_ratio, env) in CACHE_ALTERNATIVES.items():
+        if names is not None and name not in names:
+            continue
+        pool = alternative_pool(tails, swa_ratio)
+        if pools and name in pools:
+            full, swa = pools[name]
+            pool = {**pool, "swa_slots": swa, "full_tokens": full, "contexts_1m": full // 1_000_000}
+        r = run_scenario(tails or 0, env, backend="rust", scenario=scenario,
+                         full_tokens=pool["full_tokens"], swa_tokens=pool["swa_slots"],
+                         chunk_grid=chunk_grid)
+        rows.append({
+            "name": name, "tails": tails, "swa_full_tokens_ratio": swa_ratio,
+            "tails_equivalent": pool.get("tails_equivalent"),
+            "thin": bool(env), "full_tokens": pool["full_tokens"], "swa_slots": pool["swa_slots"],
+            "contexts_1m": pool["contexts_1m"],
+            "whole_reprefills": r["whole_reprefills"],
+            "resumed": ["cache" if prefix >= length // 2 else "re-prefill"
+                        for prefix, length in zip(r["resumed_prefix_tokens"], r["_idle_lens"])],
+            "resumed_cached_tokens": r["resumed_cached_tokens"],
+            # a lost window with the full KV still resident (cone replay's case) or both gone
+            "full_kv_resident_at_resume": r["_resume_full_resident"],
+            "resume_prefill_tokens_per_session": r["resume_prefill_tokens_per_session"],
+            "resume_s_modelled": [modelled_prefill_s(p) for p in r["_resume_passes"]],
+            "subagent_cached_tokens": r["_subagent_cached_tokens"],
+            "subagent_prompt_tokens": r["_subagent_prompt_tokens"],
+            "idle_session_tokens": r["_idle_lens"], "core": r["_core"],
+        })
+    return {"alternatives": rows, "chunks": "grid" if chunk_grid else "engine",
+            "resume_clock": "prefill passes of the resumed turn on adapter/decode_yield.py's cluster "
+                            "cost model (no queueing, no other traffic)",
+            "bytes_per_swa_over_full": pool_table()["bytes_per_swa_over_full"],
+            "cluster": {"thin_384_resume_s": [3.9, 6.5], "stock_resume_s": [61, 64],
+                        "whole_reprefills": {"thin": 0, "control": 2}}}
+
+
+def print_cache_alternatives(result: dict) -> None:
+    print(f"cache alternatives (engine sizing, calibrated bytes per SWA slot / full token = "
+          f"{result['bytes_per_swa_over_full']}; scenario of `dsv41 sim thin`, chunks "
+          f"{result['chunks']}; resume time: {result['resume_clock']})")
+    print(f"{'line':<16}  {'pool':<23}  {'full tokens':>11}  {'SWA slots':>9}  {'1M ctx':>6}  "
+          f"{'resumed (whole re-prefills)':<31}  {'full KV resident':>17}  "
+          f"{'resume prefill tokens':>21}  resume s (modelled)")
+    for r in result["alternatives"]:
+        pool = (f"ratio {r['swa_full_tokens_ratio']} (~{r['tails_equivalent']} tails)"
+                if r["swa_full_tokens_ratio"] is not None else f"{r['tails']} tails")
+        resumed = f"{' / '.join(r['resumed'])} ({r['whole_reprefills']})"
+        tokens = " / ".join(f"{t:,}" for t in r["resume_prefill_tokens_per_session"])
+        secs = " / ".join(f"{t:.2f}" for t in r["resume_s_modelled"])
+        resident = " / ".join(f"{t:,}" for t in r["full_kv_resident_at_resume"])
+        print(f"{r['name']:<16}  {pool:<23}  {r['full_tokens']:>11,}  {r['swa_slots']:>9,}  "
+              f"{r['contexts_1m']:>6}  {resumed:<31}  {resident:>17}  {tokens:>21}  {secs}")
+    print("  cluster (SPEC, thin at 384 tails): resumed in 3.9 / 6.5 s instead of 61-64 s; "
+          "0 whole re-prefills (2 in each control)")
 
 
 def report(tails: int, variants: dict, *, scenario: Scenario = Scenario(), control_core: str = "rust",
@@ -479,6 +627,10 @@ def main(argv=None) -> int:
                          "(default without --cone), engine = a whole 8192-token chunk from the "
                          "prefix, the scheduler's own cut for one request per batch (default "
                          "with --cone)")
+    ap.add_argument("--alternatives", action="store_true",
+                    help="the cache alternatives on the scenario, one row each: stock at 128 / 384 "
+                         f"tails, stock with --swa-full-tokens-ratio {PUBLIC_RATIO}, thin at 128 / "
+                         "384 tails (pools by the engine's sizing, as --pool)")
     args = ap.parse_args(argv)
     chunks = args.chunks or ("engine" if args.cone else "grid")
     scenario = Scenario(subagents=args.subagents, subagent_turns=args.subagent_turns,
@@ -503,6 +655,14 @@ def main(argv=None) -> int:
             spec_swa = f"{r['spec_swa_slots']:,}" if r["spec_swa_slots"] else "-"
             print(f"{r['tails']:>5}  {r['swa_slots']:>10,}  {spec_swa:>10}  {r['full_tokens']:>11,}  "
                   f"{spec_full:>21}  {r['contexts_1m']}")
+        return 0
+
+    if args.alternatives:
+        alt = cache_alternatives(scenario=scenario, chunk_grid=chunks == "grid")
+        if args.json:
+            print(json.dumps(alt))
+        else:
+            print_cache_alternatives(alt)
         return 0
 
     variants = cone_variants(args.cone_tokens) if args.cone else VARIANTS
