@@ -79,8 +79,11 @@ COUNTERS = {
     "achieved_share": "sum over measured yielded prompts of the share of time their decode "
                       "streams got (the engine's step timings; measured, never a decision input)",
     "share_measured": "yielded prompts whose achieved share was measured",
-    "online_scales_agreed": "plans whose chunk / step time scales were read from the engine's "
-                            "step timings and agreed over the TP group (DSV41_DECODE_YIELD_ONLINE)",
+    "online_scales_agreed": "non-final chunks whose chunk / step time scales were read from the "
+                            "engine's step timings and agreed over the TP group "
+                            "(DSV41_DECODE_YIELD_ONLINE)",
+    "online_replans": "plans redone from the chunk's measured time and the decode steps timed "
+                      "since (DSV41_DECODE_YIELD_ONLINE)",
 }
 
 NAME = "decode_yield"
@@ -198,67 +201,29 @@ def yield_steps(pct: int, pass_us: int, step_us: int, interval: int) -> int:
 
 # --- Online calibration (DSV41_DECODE_YIELD_ONLINE=1) -----------------------------------------
 
-FIT_WINDOWS = 32        # the most recent windows the online chunk fit uses (the speed drifts)
-FIT_MIN_WINDOWS = 3     # fewer measured windows: the given model's chunk cost, level-scaled
-
-
-def chunk_features(extend_lens, prefix_lens) -> list:
-    """[passes, new tokens, new x visible pairs, squared prefix tokens] of one extend pass: the
-    terms of chunk_cost_us (L, L·(P + L/2), P²) summed over the pass's requests, plus the pass."""
-    feats = [1, 0, 0, 0]
-    for extend, prefix in zip(extend_lens, prefix_lens):
-        if extend > 0:
-            feats[1] += extend
-            feats[2] += extend * (prefix + extend // 2)
-            feats[3] += prefix * prefix
-    return feats
-
-
-def fit_chunk_model(samples) -> tuple | None:
-    """Non-negative least squares of each window's measured prefill microseconds on its summed
-    chunk features (absolute residuals: the long chunks, most of a prefill's time, weigh most, as
-    in `dsv41 calibrate yield`): integer (fixed us, token ns, pair ps, squared-prefix ps), or None
-    when nothing is determined."""
-    import numpy as np
-    from scipy.optimize import nnls
-
-    x = np.array([f for f, _ in samples], dtype=np.float64)
-    y = np.array([t for _, t in samples], dtype=np.float64)
-    norm = x.max(axis=0)
-    norm[norm == 0] = 1.0                    # columns of one magnitude: a stable solve
-    coef, _ = nnls(x / norm, y)
-    coef = coef / norm
-    ints = tuple(min(int(round(c * unit)), 10**12) for c, unit in zip(coef, (1, 1e3, 1e6, 1e6)))
-    return ints if any(ints) else None
+REPLAN_AT = (2, 8, 32)   # deferrals after which an online plan is redone from measured times
 
 
 class OnlineScales:
-    """One scheduler's online calibration: modelled costs and chunk features summed per window,
-    the closing window's readings of the engine's step counters, and what was adopted from them.
+    """One scheduler's online calibration: modelled costs summed per window, the closing window's
+    readings of the engine's step counters, and the agreed scales.
 
     A window runs from one non-final chunk's arming to the next's: it holds the earlier chunk's
-    pass and the decode steps after it. Chunk cost: with FIT_MIN_WINDOWS measured windows, a fit
-    of the chunk form (fixed, per token, per pair, per squared prefix token: both cost shapes,
-    docs/decode_yield.md) to the last FIT_WINDOWS windows' agreed prefill times; before that, the
-    given model's cost times its level scale. Decode step: the given model's cost times its level
-    scale. Scales are integer pairs (measured us, modelled us), the fit integer constants, all
-    identical on every rank once agreed; (1, 1) is the model as given."""
-    __slots__ = ("boot", "start", "win_extend_us", "win_steps_us", "win_steps", "win_features",
-                 "all_extend_us", "all_steps_us", "all_steps", "closing", "chunk", "step",
-                 "samples", "fitted", "last_chunk")
+    pass and the decode steps after it. Each scale is a pair of integers (measured microseconds,
+    modelled microseconds), identical on every rank once agreed; (1, 1) is the model as given.
+    They price the chunk the step is about to run and its decode steps at its arming; once the
+    chunk has run, its plan is redone from its own measured time (`replan`)."""
+    __slots__ = ("boot", "start", "win_extend_us", "win_steps_us", "win_steps", "all_extend_us",
+                 "all_steps_us", "all_steps", "closing", "chunk", "step")
 
     def __init__(self, boot=None):
         self.boot = boot           # engine_timing() when this calibration began (None: zeros)
         self.start = boot          # engine_timing() when the open window began
         self.win_extend_us = self.win_steps_us = self.win_steps = 0      # modelled, open window
-        self.win_features = [0, 0, 0, 0]                                 # chunk_features, summed
         self.all_extend_us = self.all_steps_us = self.all_steps = 0      # modelled, since boot
-        self.closing = None        # (readings, modelled sums, features) of the window closed now
+        self.closing = None        # (readings, modelled sums) of the window closed this step
         self.chunk = (1, 1)        # agreed chunk time scale: measured us / modelled us
         self.step = (1, 1)         # agreed decode step scale: measured us / modelled us
-        self.samples = []          # (window features, agreed prefill us), the last FIT_WINDOWS
-        self.fitted = None         # CostModel of the agreed chunk fit (its chunk terms), or None
-        self.last_chunk = (1, 1)   # (planned, modelled) cost of the last planned pass: the line
 
     def note_batch(self, batch, model: CostModel) -> None:
         """Add the modelled cost of the batch the step will run (replicated state only)."""
@@ -267,8 +232,6 @@ class OnlineScales:
             cost = pass_cost_us(batch.extend_lens, batch.prefix_lens, model)
             self.win_extend_us += cost
             self.all_extend_us += cost
-            for i, v in enumerate(chunk_features(batch.extend_lens, batch.prefix_lens)):
-                self.win_features[i] += v
         elif mode.is_decode():
             reqs = batch.reqs
             cost = step_cost_us(len(reqs), sum(r.seqlen for r in reqs), model)
@@ -282,23 +245,18 @@ class OnlineScales:
         counters, `now` = engine_timing() or None) for the plan to agree, and open the next."""
         self.closing = (readings(self.boot, self.start, now),
                         (self.win_extend_us, self.win_steps_us, self.win_steps,
-                         self.all_extend_us, self.all_steps_us, self.all_steps),
-                        list(self.win_features))
+                         self.all_extend_us, self.all_steps_us, self.all_steps))
         self.start = now
         self.win_extend_us = self.win_steps_us = self.win_steps = 0
-        self.win_features = [0, 0, 0, 0]
 
-    def adopt(self, agreed: list, modelled: tuple, features=None) -> bool:
-        """Take the agreed readings: the level scales (the window's where it has them, else since
-        boot; a scale with neither keeps its last value) and, for a window with a prefill reading,
-        one more sample for the chunk fit. True when a scale changed. The fit itself is refit()."""
+    def adopt(self, agreed: list, modelled: tuple) -> bool:
+        """Take the agreed readings as the scales (the window's where it has them, else since
+        boot; a scale with neither keeps its last value). True when a scale changed."""
         win_prefill, win_step, all_prefill, all_step = agreed
         win_ext, win_steps_us, win_steps, all_ext, all_steps_us, all_steps = modelled
         before = (self.chunk, self.step)
         if win_prefill > 0 and win_ext > 0:
             self.chunk = (win_prefill, win_ext)
-            if features is not None and features[0] > 0:
-                self.samples = (self.samples + [(list(features), win_prefill)])[-FIT_WINDOWS:]
         elif all_prefill > 0 and all_ext > 0:
             self.chunk = (all_prefill, all_ext)
         # mean measured step / mean modelled step = (mean x steps) / modelled sum
@@ -308,27 +266,18 @@ class OnlineScales:
             self.step = (all_step * all_steps, all_steps_us)
         return (self.chunk, self.step) != before
 
-    def refit(self, agree_ints=None) -> None:
-        """Fit the chunk form to the samples (identical on every rank: agreed readings, replicated
-        features); `agree_ints` (agree) makes the integers the group's even if a solver rounded
-        differently on one rank."""
-        if len(self.samples) < FIT_MIN_WINDOWS:
-            return
-        ints = fit_chunk_model(self.samples) or (0, 0, 0, 0)
-        if agree_ints is not None:
-            ints = tuple(agree_ints(list(ints)))
-        fixed, token_ns, pair_ps, sq_ps = ints
-        self.fitted = CostModel(fixed, token_ns, pair_ps, 1, 0, 0, sq_ps) if any(ints) else None
+    def scaled(self, pass_us: int, step_us: int) -> tuple:
+        return (pass_us * self.chunk[0] // self.chunk[1],
+                max(step_us * self.step[0] // self.step[1], 1))
 
-    def scaled(self, pass_us: int, step_us: int, lens=None) -> tuple:
-        """(planned pass cost, planned step cost): the fit's cost of the pass (`lens` = its
-        (extend_lens, prefix_lens)) when there is one, else the model's times the level scale."""
-        if self.fitted is not None and lens is not None:
-            planned = pass_cost_us(lens[0], lens[1], self.fitted)
-        else:
-            planned = pass_us * self.chunk[0] // self.chunk[1]
-        self.last_chunk = (planned, max(pass_us, 1))
-        return planned, max(step_us * self.step[0] // self.step[1], 1)
+
+def since(start, now) -> list:
+    """[prefill busy us, mean timed decode step us] between two engine_timing() snapshots of this
+    rank (0 = none; either snapshot None: both 0)."""
+    if start is None or now is None:
+        return [0, 0]
+    timed, timed_us = now[1] - start[1], now[2] - start[2]
+    return [max(int(now[0] - start[0]), 0), int(timed_us / timed) if timed > 0 and timed_us > 0 else 0]
 
 
 def readings(boot, start, now) -> list:
@@ -361,17 +310,18 @@ _STATE = "_dsv41_decode_yield"
 
 
 class _State:
-    __slots__ = ("cand_req", "cand_cost", "cand_lens", "req", "left", "log", "timing", "online")
+    __slots__ = ("cand_req", "cand_cost", "req", "left", "log", "timing", "online", "plan")
 
     def __init__(self):
         self.cand_req = None      # chunked request of the pass the engine just armed for
         self.cand_cost = 0        # that pass's modelled cost
-        self.cand_lens = None     # that pass's (extend_lens, prefix_lens): the online fit's input
         self.req = None           # armed: the chunked request whose next chunk waits
         self.left = 0             # armed: decode steps still owed before that chunk
         self.log = None           # per-prompt receipt: [req, chunks, planned, run, early_ends]
         self.timing = None        # engine_timing() when that prompt's first yield was armed
         self.online = None        # OnlineScales with DSV41_DECODE_YIELD_ONLINE=1
+        self.plan = None          # online, armed: [engine_timing() at arming, deferrals done,
+                                  #  planned steps, planned pass us, planned step us, capped]
 
 
 def _state(scheduler) -> _State:
@@ -394,14 +344,12 @@ def _flush_log(st: _State, scheduler=None, pct: int = 0, counters=None) -> None:
     online = ""
     if st.online is not None and st.log is not None:
         ol = st.online
-        fit = (f"fitted to {len(ol.samples)} windows: {ol.fitted.chunk_fixed_us},"
-               f"{ol.fitted.chunk_token_ns},{ol.fitted.chunk_pair_ps},{ol.fitted.chunk_prefix_sq_ps}"
-               if ol.fitted is not None else "the model's, level-scaled")
-        online = (f"; online scales at its last plan: chunk x{ol.last_chunk[0] / ol.last_chunk[1]:.3g} "
-                  f"({fit}), decode step x{ol.step[0] / ol.step[1]:.3g} (agreed over the TP group)")
+        online = (f"; online scales at its last arming: chunk x{ol.chunk[0] / ol.chunk[1]:.3g}, "
+                  f"decode step x{ol.step[0] / ol.step[1]:.3g}; {st.log[6]} plans redone from "
+                  f"the chunk's measured time (agreed over the TP group)")
     if st.log is None:
         return
-    req, chunks, planned, run, early, capped = st.log
+    req, chunks, planned, run, early, capped, _ = st.log
     start, st.log, st.timing = st.timing, None, None
     measured = "achieved share not measured (no engine step timings)"
     if start is not None and scheduler is not None:
@@ -456,6 +404,7 @@ def install(ctx) -> str:
         st = scheduler.__dict__.get(_STATE)
         if st is not None:
             st.cand_req, st.cand_cost, st.req, st.left, st.log = None, 0, None, 0, None
+            st.plan = None
             st.timing = None
             st.online = None      # the calibration restarts from the engine's counters as they are
 
@@ -497,7 +446,6 @@ def install(ctx) -> str:
         st = _state(self)
         st.cand_req = chunked
         st.cand_cost = pass_cost_us(batch.extend_lens, batch.prefix_lens, model)
-        st.cand_lens = (list(batch.extend_lens), list(batch.prefix_lens)) if online else None
         if online:
             online_scales(self, st).close_window(timing_or_none(self))
 
@@ -513,17 +461,16 @@ def install(ctx) -> str:
         return plan
 
     def arm(self, st, plan) -> None:
-        req, cost, lens = st.cand_req, st.cand_cost, st.cand_lens
-        st.cand_req, st.cand_cost, st.cand_lens = None, 0, None
+        req, cost = st.cand_req, st.cand_cost
+        st.cand_req, st.cand_cost = None, 0
         if online:
             # at every non-final chunk, before any return below: every rank reaches this line at
-            # the same step (the path to it reads replicated state only), so the all-reduces in
-            # agree() pair up across the TP group, and a lone chunk's window is a sample too
+            # the same step (the path to it reads replicated state only), so the all-reduce in
+            # agree() pairs up across the TP group
             ol = online_scales(self, st)
             closing, ol.closing = ol.closing, None
-            measured, modelled, features = closing or ([0, 0, 0, 0], (0, 0, 0, 0, 0, 0), None)
-            ol.adopt(agree(measured), modelled, features)
-            ol.refit(agree)
+            measured, modelled = closing or ([0, 0, 0, 0], (0, 0, 0, 0, 0, 0))
+            ol.adopt(agree(measured), modelled)
             counters["online_scales_agreed"] += 1
         batch = plan.batch_to_run
         if batch is None or req is not self.chunked_req or req not in batch.reqs:
@@ -536,12 +483,17 @@ def install(ctx) -> str:
             return
         step = step_cost_us(len(rows), sum(r.seqlen for r in rows), model)
         if online:
-            cost, step = st.online.scaled(cost, step, lens)
+            cost, step = st.online.scaled(cost, step)
         steps = yield_steps(pct, cost, step, self.prefill_decode_interval)
+        if online:
+            # at least the first re-plan point: the plan is redone there from the chunk's own time
+            steps = max(steps, *REPLAN_AT[:1])
+            st.plan = [timing_or_none(self), 0, steps, cost, step,
+                       wanted_steps(pct, cost, step) > MAX_STEPS]
         st.req, st.left = req, steps
         if st.log is None or st.log[0] is not req:
             _flush_log(st, self, pct, counters)
-            st.log = [req, 0, 0, 0, 0, 0]
+            st.log = [req, 0, 0, 0, 0, 0, 0]
             try:
                 st.timing = engine_timing(self)    # measurement only (the line, /metrics)
             except Exception:  # noqa: BLE001 - no timings: the line says "not measured"
@@ -569,17 +521,45 @@ def install(ctx) -> str:
         if early is None:
             original(self, running_batch, *args, **kwargs)   # the stock counter runs alongside
             st.left -= 1
-            if st.left <= 0:
-                st.req, st.left = None, 0
             counters["steps_deferred"] += 1
             if st.log is not None:
                 st.log[3] += 1
+            if st.plan is not None:
+                st.plan[1] += 1
+                if st.plan[1] in REPLAN_AT:
+                    try:
+                        replan(self, st)
+                    except Exception as exc:  # noqa: BLE001 - the adapter's own logic only
+                        contain(self, exc)
+                        return True
+            if st.left <= 0:
+                st.req, st.left, st.plan = None, 0, None
             return True
         counters[early] += 1
         if st.log is not None:
             st.log[4] += 1
-        st.req, st.left = None, 0
+        st.req, st.left, st.plan = None, 0, None
         return original(self, running_batch, *args, **kwargs)
+
+    def replan(self, st) -> None:
+        """After the REPLAN_AT[i]-th deferral (the same step on every rank: the count is
+        replicated): the plan redone from what the engine measured since the arming, agreed over
+        the TP group: the chunk's own prefill time (it has run: its result is processed by the
+        second step after it, with or without the overlap scheduler) and the mean decode step
+        the engine has timed since; a reading none has keeps the arming's estimate."""
+        start, done, planned, pass_us, step_us, capped = st.plan
+        chunk_read, step_read = agree(since(start, timing_or_none(self)))
+        pass_us, step_us = chunk_read or pass_us, step_read or step_us
+        steps = max(yield_steps(pct, pass_us, step_us, self.prefill_decode_interval), done)
+        now_capped = wanted_steps(pct, pass_us, step_us) > MAX_STEPS
+        st.left = steps - done
+        st.plan = [start, done, steps, pass_us, step_us, now_capped]
+        counters["steps_planned"] += steps - planned
+        counters["online_replans"] += 1
+        if st.log is not None and st.log[0] is st.req:
+            st.log[2] += steps - planned
+            st.log[5] += now_capped - capped
+            st.log[6] += 1
 
     ctx.around("Scheduler._arm_prefill_decode_interval", arm_prefill_decode_interval)
     ctx.around("Scheduler.get_next_batch_to_run", get_next_batch_to_run)

@@ -65,6 +65,9 @@ SERIES = {
                                                 "were read from the engine's step timings and "
                                                 "agreed over the TP group "
                                                 "(DSV41_DECODE_YIELD_ONLINE)", ()),
+    "dsv41_decode_yield_online_replans": ("Yield plans redone from the chunk's measured time and "
+                                          "the decode steps timed since, agreed over the TP group "
+                                          "(DSV41_DECODE_YIELD_ONLINE)", ()),
     "dsv41_swa_thin_hooked_inserts": ("checkpoint_into_tree calls seen", ()),
     "dsv41_swa_thin_checkpoints_passed": ("Checkpoints whose request moved past them", ()),
     "dsv41_swa_thin_nodes_moved": ("SWA LRU nodes moved to the evict-first end", ()),
@@ -115,6 +118,7 @@ KEYS = {
         "achieved_share": ("dsv41_decode_yield_achieved_share", ()),
         "share_measured": ("dsv41_decode_yield_share_measured", ()),
         "online_scales_agreed": ("dsv41_decode_yield_online_scales_agreed", ()),
+        "online_replans": ("dsv41_decode_yield_online_replans", ()),
     },
     "swa_thin": {
         "hooked_inserts": ("dsv41_swa_thin_hooked_inserts", ()),

@@ -51,10 +51,10 @@ def test_capped_chunks_and_online_scales_are_reported():
     line keeps its form (achieved first) and says how many chunks were capped; the scales and the
     unmeasured reason are read without the line's tail."""
     capped = (LINE.format(0.20, 1.2, 4.8) + "; 3 of 5 chunks capped at 128 steps; online scales at "
-              "its last plan: chunk x4.58 (fitted to 5 windows: 0,31000,23000,0), decode step x0.0415 "
-              "(agreed over the TP group)")
-    tail = ("; online scales at its last plan: chunk x16 (the model's, level-scaled), decode step "
-            "x0.483 (agreed over the TP group)")
+              "its last arming: chunk x4.58, decode step x0.0415; 5 plans redone from the chunk's measured "
+              "time (agreed over the TP group)")
+    tail = ("; online scales at its last arming: chunk x16, decode step x0.483; 0 plans redone from "
+            "the chunk's measured time (agreed over the TP group)")
     eff = canary.yield_shares(_run([capped, UNMEASURED + tail]))
     assert eff["chunks_capped"] == 3 and eff["chunks_yielded_measured"] == 5
     assert eff["online_scales"] == [[4.58, 0.0415]]

@@ -630,20 +630,20 @@ def _quadratic_share(trace, feed, step_x=1.0, rid="p"):
     return decode / (decode + chunks)
 
 
-def test_online_fit_follows_a_chunk_cost_of_another_shape(online_on, monkeypatch):
+def test_online_replan_follows_a_chunk_cost_of_another_shape(online_on, monkeypatch):
     """The machine's chunks grow with the whole context squared while the model's barely grow
-    with the prefix: a level scale alone lags every chunk (the control, the fit switched off),
-    the fit of the chunk form to the measured windows follows it: within 0.05 of 0.33."""
+    with the prefix: the arming's level scale (from the chunk before) lags every chunk (the
+    control: no re-plan), the plan redone from each chunk's measured time follows it."""
     feed = _feed_quadratic_machine()
     prompt = 9 * CHUNK + 1000
     online_on(33)
     _, fitted, _, _ = scenario(prompt=prompt, on_step=feed)
     with_fit = _quadratic_share(fitted, feed)
-    monkeypatch.setattr(dy, "FIT_MIN_WINDOWS", 10**6)      # level scale only
+    monkeypatch.setattr(dy, "REPLAN_AT", ())      # the arming's level-scaled estimate only
     _, level, _, _ = scenario(prompt=prompt, on_step=feed)
     level_only = _quadratic_share(level, feed)
-    # the modelled clock is deterministic: fit 0.327, level scale alone 0.298 (each chunk priced
-    # from the one before it, always one growth step behind)
+    # the modelled clock is deterministic: each chunk priced from the one before it alone is
+    # always one growth step behind
     assert abs(with_fit - 0.33) <= 0.015, (with_fit, level_only)
     assert level_only < 0.31, (with_fit, level_only)
 
@@ -662,7 +662,7 @@ def test_the_line_counts_the_chunks_the_cap_cut(online_on, caplog):
     line = [r.getMessage() for r in caplog.records if " left chunked prefill" in r.getMessage()][-1]
     capped = sum(n == dy.MAX_STEPS for n in gaps)
     assert f"; {capped} of {len(gaps)} chunks capped at 128 steps; online scales" in line, line
-    assert "(fitted to " in line, line
+    assert "plans redone from the chunk's measured time" in line, line
 
 
 def test_online_with_no_engine_timings_keeps_the_model(online_on):
@@ -689,6 +689,8 @@ def test_online_scales_adopt_the_window_else_since_boot():
     assert ol.chunk == (9_000_000, 4_000_000)
     assert dy.readings(None, (100, 2, 40.0), (400, 6, 240.0)) == [300, 50, 400, 40]
     assert dy.readings(None, None, None) == [0, 0, 0, 0]
+    assert dy.since((100, 2, 40.0), (400, 6, 240.0)) == [300, 50]
+    assert dy.since(None, (400, 6, 240.0)) == dy.since((0, 0, 0.0), None) == [0, 0]
 
 
 ONLINE_CHILD = r"""

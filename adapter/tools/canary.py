@@ -37,7 +37,12 @@ from adapter.table import ADAPTERS, COUNTING_ROLE
 from adapter.tools.lines import (IGNORED_WHY, KEPT_ARGS, MODEL_ARGS, cpu_models,  # noqa: F401
                                  load_checked_lines, split_line)
 
-CADENCE_PREFILL = {"dense": 24576}
+# The dense cadence prompt: 12,288 tokens, three 4,096-token chunks. Sized so that no chunk it
+# yields after is worth more than decode yield's 128-step cap on this 2-core machine (a CPU decode
+# step is ~3 ms, a 4,096-token chunk at prefix 4K ~0.4 s; at 24,576 tokens the chunks past prefix
+# 8K are worth 150-250 steps, the cap cuts them and the share falls to ~0.25 by design:
+# docs/decode_yield.md "On this machine"). On the cluster a chunk is worth 10-25 steps.
+CADENCE_PREFILL = {"dense": 12288}
 # Keys scaled to a CPU model's pools, by model: {key: (value, why)}. The tiny DeepSeek-V4's full
 # pool is 8192 tokens, so the profile's cone replay of 8192 would start every replay at 0, never
 # past the stock hit, and cone would decline everywhere (traffic.DSV4_CONE_TOKENS says why 512).
@@ -358,7 +363,7 @@ def rank_agreement(run: ConfigRun) -> dict:
 ACHIEVED_RE = re.compile(r"achieved share (\d+\.\d+) \(configured (\d+\.\d+)\) by the engine's "
                          r"step timings: decode (\d+\.\d+) s over \d+ steps, prefill (\d+\.\d+) s")
 CAPPED_RE = re.compile(r"; (\d+) of (\d+) chunks capped at (\d+) steps")
-SCALES_RE = re.compile(r"online scales at its last plan: chunk x(\S+) \([^)]*\), decode step x(\S+) \(")
+SCALES_RE = re.compile(r"online scales at its last arming: chunk x(\S+), decode step x([^;]+);")
 
 
 def yield_shares(run: ConfigRun) -> dict:

@@ -2,7 +2,7 @@
 
 The dense tiny model with DSV41_DECODE_YIELD=33 and the production line's CPU launch args:
 1. the cluster constants (DSV41_DECODE_YIELD_MODEL unset): the session's decode_yield boot
-   (tests/e2e/e2e_configs.py), which runs the yield scenario (two streams, a 24,576-token prompt
+   (tests/e2e/e2e_configs.py), which runs the yield scenario (two streams, a 12,288-token prompt
    in 4,096-token chunks) and traffic.calibration_run; its scheduler log goes through
    `dsv41 calibrate yield`;
 2. the fitted model (DSV41_DECODE_YIELD_MODEL=<the printed value>), a boot of its own: the yield

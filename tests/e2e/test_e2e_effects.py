@@ -11,7 +11,7 @@ YIELD_LINE = re.compile(r"\[dsv41\] decode_yield rid=\S+ left chunked prefill: (
                         r"(\d+) decode steps planned, (\d+) run, (\d+) ended early")
 PREFILL_LINE = re.compile(r"Prefill batch.*#new-token: (?P<new>\d+),.*#pending-token: (?P<pending>\d+)")
 CHUNK = 4096                                # dense: --chunked-prefill-size (canary.MODEL_ARGS)
-PREFILL = canary.CADENCE_PREFILL["dense"]   # the cadence prompt: 24,576 tokens
+PREFILL = canary.CADENCE_PREFILL["dense"]   # the cadence prompt: 12,288 tokens
 
 
 def _yield_receipts(run):
@@ -38,7 +38,7 @@ def _chunks_of_the_long_prompt(run):
 
 
 def test_decode_yield_plans_its_steps_on_the_chunk_boundaries(boots, record_property):
-    """A 24,576-token prefill in 4,096-token chunks beside two streams. What is deterministic here
+    """A 12,288-token prefill in 4,096-token chunks beside two streams. What is deterministic here
     is asserted: the chunk boundaries (the same as the control's), which chunks yielded, the steps
     planned by the integer cost model (replicated state only: no clock) and that every planned
     step ran. The streams' rate (cadence) is printed, not ordered: on 2 shared cores it swings 2x

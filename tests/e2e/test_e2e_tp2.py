@@ -25,7 +25,7 @@ from e2e.grammar_traffic import grammar_beside_stream
 SHARED_BOOTS = [("dense", "stock")]
 
 # Three 4,096-token chunks (two yields on each rank) are enough for the ranks to show they decide
-# alike; the single-rank boots run the 24,576-token prompt (its prefill costs ~4x this one's).
+# alike; the single-rank boots run the same prompt (canary.CADENCE_PREFILL).
 CADENCE_PREFILL = 12288
 # The grammar step bound on this boot: low enough that the ambiguous grammar crosses it on any
 # machine within its 400 steps (its per-step cost grows with every token), so both ranks must act.
