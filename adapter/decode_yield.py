@@ -43,17 +43,17 @@ Cost model: the cluster constants below, or the operator's own fit of their engi
 log (`dsv41 calibrate yield`) given as DSV41_DECODE_YIELD_MODEL (six integers, CostModel's
 order); the installed line names the model in use. Every rank reads the same env.
 
-Online calibration (`DSV41_DECODE_YIELD_ONLINE=1`): the model gives the costs' *shape* (how a
-chunk's cost grows with its prefix, a step's with its rows and context), the machine gives their
-*level*. At each planned chunk the chunk time scale (the engine's prefill busy microseconds over
-the modelled cost of the extend passes since the previous non-final chunk, else since boot) and
-the step time scale (the engine's mean timed decode step over the modelled mean decode step,
-same windows) are read by each rank from the engine's own step counters, then agreed by one
-all-reduce (MAX, integer microseconds) over the attention-TP group's gloo group, so every rank
-adopts the same scales at the same step (the same point of its scheduler loop). The decision
-rule and caps stay: steps = ceil(pct x scaled pass cost / ((100 - pct) x scaled step cost)),
-clamped to [interval, 128]. The per-prompt achieved share (below) is not an input: it is computed
-after the prompt's last plan, for the line and /metrics only.
+Online calibration (`DSV41_DECODE_YIELD_ONLINE=1`): the rule and caps stay, the chunk and step
+times come from the engine's own step counters. At each non-final chunk's arming the model is
+level-scaled (the engine's prefill busy microseconds over the modelled cost of the extend passes
+since the previous non-final chunk, else since boot; the mean timed decode step over the modelled
+mean step, same windows); after the 2nd, 8th and 32nd deferral the plan is redone from the
+chunk's own measured time and the decode steps timed since. Each reading is taken by every rank
+from its own counters and agreed by one all-reduce (MAX, integer microseconds) over the
+attention-TP group's gloo group at a step every rank reaches alike (the path to it reads
+replicated state only), so every rank adopts the same plan at the same step. The per-prompt
+achieved share (below) is not an input: it is computed after the prompt's last plan, for the line
+and /metrics only.
 
 Receipts: `[dsv41] decode_yield installed: ...` at install; one line per chunked prompt that
 yielded, when it leaves chunked prefill: chunks yielded, decode steps planned and run, early ends.
@@ -569,6 +569,7 @@ def install(ctx) -> str:
             f"(>= --prefill-decode-interval, <= {MAX_STEPS}); integer cost model, no clock; "
             + (f"cost model: cluster constants {CLUSTER.value()} ({MODEL_KEY} unset)" if fitted is None
                else f"cost model: {MODEL_KEY}={model.value()} (fitted)")
-            + ("; online calibration: the model's chunk and decode step costs scaled by the "
-               "engine's own step timings since the previous chunk, agreed over the attention-TP "
-               f"group at each planned chunk ({ONLINE_KEY}=1)" if online else ""))
+            + ("; online calibration: chunk and decode step times from the engine's own step "
+               "timings (the model level-scaled at each non-final chunk, the plan redone from the "
+               "chunk's measured time once it ran), agreed over the attention-TP group "
+               f"({ONLINE_KEY}=1)" if online else ""))
