@@ -403,10 +403,21 @@ def install(ctx) -> str:
                      "interval kept")
         st = scheduler.__dict__.get(_STATE)
         if st is not None:
+            finish_plan(st)
             st.cand_req, st.cand_cost, st.req, st.left, st.log = None, 0, None, 0, None
-            st.plan = None
             st.timing = None
             st.online = None      # the calibration restarts from the engine's counters as they are
+
+    def finish_plan(st) -> None:
+        """An online plan is counted when it is final (the yield of that chunk ended): a re-plan
+        may lower it, and a Prometheus counter cannot go down."""
+        plan, st.plan = st.plan, None
+        if plan is None:
+            return
+        counters["steps_planned"] += plan[2]
+        if st.log is not None:
+            st.log[2] += plan[2]
+            st.log[5] += plan[5]
 
     def timing_or_none(scheduler):
         try:
@@ -435,6 +446,7 @@ def install(ctx) -> str:
         st = self.__dict__.get(_STATE)
         if st is not None and st.log is not None and st.log[0] is not chunked:
             # the prompt that yielded left chunked prefill (last chunk, abort)
+            finish_plan(st)
             _flush_log(st, self, pct, counters)
         if (chunked is None or batch is None or chunked not in batch.reqs
                 or not batch.forward_mode.is_extend()):
@@ -485,12 +497,7 @@ def install(ctx) -> str:
         if online:
             cost, step = st.online.scaled(cost, step)
         steps = yield_steps(pct, cost, step, self.prefill_decode_interval)
-        if online:
-            # at least the first re-plan point: the plan is redone there from the chunk's own time
-            steps = max(steps, *REPLAN_AT[:1])
-            st.plan = [timing_or_none(self), 0, steps, cost, step,
-                       wanted_steps(pct, cost, step) > MAX_STEPS]
-        st.req, st.left = req, steps
+        finish_plan(st)          # a plan left armed (its chunk ran without a deferral call)
         if st.log is None or st.log[0] is not req:
             _flush_log(st, self, pct, counters)
             st.log = [req, 0, 0, 0, 0, 0, 0]
@@ -499,10 +506,17 @@ def install(ctx) -> str:
             except Exception:  # noqa: BLE001 - no timings: the line says "not measured"
                 st.timing = None
         st.log[1] += 1
-        st.log[2] += steps
-        st.log[5] += wanted_steps(pct, cost, step) > MAX_STEPS
         counters["chunks_yielded"] += 1
-        counters["steps_planned"] += steps
+        capped = wanted_steps(pct, cost, step) > MAX_STEPS
+        if online:
+            # at least the first re-plan point: the plan is redone there from the chunk's own time
+            steps = max(steps, *REPLAN_AT[:1])
+            st.plan = [timing_or_none(self), 0, steps, cost, step, capped]
+        else:
+            st.log[2] += steps
+            st.log[5] += capped
+            counters["steps_planned"] += steps
+        st.req, st.left = req, steps
 
     def should_defer_prefill(original, self, running_batch, *args, **kwargs):
         st = self.__dict__.get(_STATE)
@@ -533,12 +547,14 @@ def install(ctx) -> str:
                         contain(self, exc)
                         return True
             if st.left <= 0:
-                st.req, st.left, st.plan = None, 0, None
+                finish_plan(st)
+                st.req, st.left = None, 0
             return True
         counters[early] += 1
         if st.log is not None:
             st.log[4] += 1
-        st.req, st.left, st.plan = None, 0, None
+        finish_plan(st)
+        st.req, st.left = None, 0
         return original(self, running_batch, *args, **kwargs)
 
     def replan(self, st) -> None:
@@ -554,11 +570,8 @@ def install(ctx) -> str:
         now_capped = wanted_steps(pct, pass_us, step_us) > MAX_STEPS
         st.left = steps - done
         st.plan = [start, done, steps, pass_us, step_us, now_capped]
-        counters["steps_planned"] += steps - planned
         counters["online_replans"] += 1
-        if st.log is not None and st.log[0] is st.req:
-            st.log[2] += steps - planned
-            st.log[5] += now_capped - capped
+        if st.log is not None:
             st.log[6] += 1
 
     ctx.around("Scheduler._arm_prefill_decode_interval", arm_prefill_decode_interval)

@@ -589,7 +589,11 @@ def test_online_calibration_lands_the_share_where_the_model_is_off(online_on, ch
     online = _machine_share(trace, chunk_x, step_x)
     assert abs(online - 0.33) <= 0.05, online
     # one agreement per non-final chunk (the prompt's, and the streams' none: single passes)
-    assert counters()["online_scales_agreed"] == len(chunk_gaps(trace))
+    c = counters()
+    assert c["online_scales_agreed"] == len(chunk_gaps(trace))
+    # a plan is counted once final (a re-plan may lower it): planned = run, every chunk
+    assert c["steps_planned"] == c["steps_deferred"] == sum(n for _, n, _ in chunk_gaps(trace))
+    assert c["online_replans"] >= len(chunk_gaps(trace))
     online_on(33, online=None)
     _, fixed_trace, _, _ = scenario(on_step=_feed_machine(chunk_x, step_x))
     fixed = _machine_share(fixed_trace, chunk_x, step_x)
