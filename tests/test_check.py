@@ -18,7 +18,7 @@ def test_production_line_installs_every_enabled_adapter_once():
     for name, row in rows.items():
         assert {"adapter", "keys", "pin_ok", "installed", "reason"} <= set(row)
         assert row["installed"] and row["pin_ok"], row
-    assert rows["decode_yield"]["keys"] == {"DSV41_DECODE_YIELD": "33"}
+    assert rows["decode_yield"]["keys"] == {"DSV41_DECODE_YIELD": "33", "DSV41_DECODE_YIELD_ONLINE": "1"}
     assert rows["swa_cone"]["keys"] == {"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_TOKENS": "8192"}
     admin = rows["admin_guard"]["admin_exposure"]          # no key on the line: all closed by us
     assert admin["open"] == admin["keyed"] == 0 and admin["closed"] == len(admin["routes"]) >= 40
