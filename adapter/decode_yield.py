@@ -43,6 +43,18 @@ Cost model: the cluster constants below, or the operator's own fit of their engi
 log (`dsv41 calibrate yield`) given as DSV41_DECODE_YIELD_MODEL (six integers, CostModel's
 order); the installed line names the model in use. Every rank reads the same env.
 
+Online calibration (`DSV41_DECODE_YIELD_ONLINE=1`): the model gives the costs' *shape* (how a
+chunk's cost grows with its prefix, a step's with its rows and context), the machine gives their
+*level*. At each planned chunk the chunk time scale (the engine's prefill busy microseconds over
+the modelled cost of the extend passes since the previous non-final chunk, else since boot) and
+the step time scale (the engine's mean timed decode step over the modelled mean decode step,
+same windows) are read by each rank from the engine's own step counters, then agreed by one
+all-reduce (MAX, integer microseconds) over the attention-TP group's gloo group, so every rank
+adopts the same scales at the same step (the same point of its scheduler loop). The decision
+rule and caps stay: steps = ceil(pct x scaled pass cost / ((100 - pct) x scaled step cost)),
+clamped to [interval, 128]. The per-prompt achieved share (below) is not an input: it is computed
+after the prompt's last plan, for the line and /metrics only.
+
 Receipts: `[dsv41] decode_yield installed: ...` at install; one line per chunked prompt that
 yielded, when it leaves chunked prefill: chunks yielded, decode steps planned and run, early ends.
 
@@ -54,7 +66,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from adapter import receipts
+from adapter import receipts, tp_group
 
 # Counter keys in receipts.counters["decode_yield"] (series: adapter/metrics.py KEYS).
 COUNTERS = {
@@ -67,6 +79,8 @@ COUNTERS = {
     "achieved_share": "sum over measured yielded prompts of the share of time their decode "
                       "streams got (the engine's step timings; measured, never a decision input)",
     "share_measured": "yielded prompts whose achieved share was measured",
+    "online_scales_agreed": "plans whose chunk / step time scales were read from the engine's "
+                            "step timings and agreed over the TP group (DSV41_DECODE_YIELD_ONLINE)",
 }
 
 NAME = "decode_yield"
@@ -87,6 +101,7 @@ MAX_STEPS = 128
 #   stock loop (interval 1: one decode step per chunk) gives the cluster's measured stream rate
 #   of 0.080 of its rate before, during a cold 500K prefill beside two 300K streams.
 MODEL_KEY = "DSV41_DECODE_YIELD_MODEL"
+ONLINE_KEY = "DSV41_DECODE_YIELD_ONLINE"
 
 
 class CostModel(NamedTuple):
@@ -177,13 +192,104 @@ def yield_steps(pct: int, pass_us: int, step_us: int, interval: int) -> int:
     return max(min(want, MAX_STEPS), interval, 1)
 
 
+# --- Online calibration (DSV41_DECODE_YIELD_ONLINE=1) -----------------------------------------
+
+class OnlineScales:
+    """One scheduler's online calibration: modelled costs summed per window, the closing window's
+    readings of the engine's step counters, and the agreed scales.
+
+    A window runs from one non-final chunk's arming to the next's: it holds the earlier chunk's
+    pass and the decode steps after it. Each scale is a pair of integers (measured microseconds,
+    modelled microseconds), identical on every rank once agreed; (1, 1) is the model as given."""
+    __slots__ = ("boot", "start", "win_extend_us", "win_steps_us", "win_steps", "all_extend_us",
+                 "all_steps_us", "all_steps", "closing", "chunk", "step")
+
+    def __init__(self, boot=None):
+        self.boot = boot           # engine_timing() when this calibration began (None: zeros)
+        self.start = boot          # engine_timing() when the open window began
+        self.win_extend_us = self.win_steps_us = self.win_steps = 0      # modelled, open window
+        self.all_extend_us = self.all_steps_us = self.all_steps = 0      # modelled, since boot
+        self.closing = None        # (readings, modelled sums) of the window closed this step
+        self.chunk = (1, 1)        # agreed chunk time scale: measured us / modelled us
+        self.step = (1, 1)         # agreed decode step scale: measured us / modelled us
+
+    def note_batch(self, batch, model: CostModel) -> None:
+        """Add the modelled cost of the batch the step will run (replicated state only)."""
+        mode = batch.forward_mode
+        if mode.is_extend():
+            cost = pass_cost_us(batch.extend_lens, batch.prefix_lens, model)
+            self.win_extend_us += cost
+            self.all_extend_us += cost
+        elif mode.is_decode():
+            reqs = batch.reqs
+            cost = step_cost_us(len(reqs), sum(r.seqlen for r in reqs), model)
+            self.win_steps_us += cost
+            self.all_steps_us += cost
+            self.win_steps += 1
+            self.all_steps += 1
+
+    def close_window(self, now) -> None:
+        """At a non-final chunk's arming: keep the closing window's readings (this rank's engine
+        counters, `now` = engine_timing() or None) for the plan to agree, and open the next."""
+        self.closing = (readings(self.boot, self.start, now),
+                        (self.win_extend_us, self.win_steps_us, self.win_steps,
+                         self.all_extend_us, self.all_steps_us, self.all_steps))
+        self.start = now
+        self.win_extend_us = self.win_steps_us = self.win_steps = 0
+
+    def adopt(self, agreed: list, modelled: tuple) -> bool:
+        """Take the agreed readings as the scales (the window's where it has them, else since
+        boot; a scale with neither keeps its last value). True when a scale changed."""
+        win_prefill, win_step, all_prefill, all_step = agreed
+        win_ext, win_steps_us, win_steps, all_ext, all_steps_us, all_steps = modelled
+        before = (self.chunk, self.step)
+        if win_prefill > 0 and win_ext > 0:
+            self.chunk = (win_prefill, win_ext)
+        elif all_prefill > 0 and all_ext > 0:
+            self.chunk = (all_prefill, all_ext)
+        # mean measured step / mean modelled step = (mean x steps) / modelled sum
+        if win_step > 0 and win_steps > 0:
+            self.step = (win_step * win_steps, win_steps_us)
+        elif all_step > 0 and all_steps > 0:
+            self.step = (all_step * all_steps, all_steps_us)
+        return (self.chunk, self.step) != before
+
+    def scaled(self, pass_us: int, step_us: int) -> tuple:
+        return (pass_us * self.chunk[0] // self.chunk[1],
+                max(step_us * self.step[0] // self.step[1], 1))
+
+
+def readings(boot, start, now) -> list:
+    """This rank's readings of the engine's step counters (engine_timing() snapshots; None: all
+    zero), integer microseconds, 0 = none: [prefill busy in the window, mean timed decode step in
+    the window, prefill busy since the calibration began, mean timed decode step since then]."""
+    if now is None:
+        return [0, 0, 0, 0]
+
+    def between(a):
+        a = a or (0, 0, 0.0)
+        busy, timed, timed_us = now[0] - a[0], now[1] - a[1], now[2] - a[2]
+        return [max(int(busy), 0), int(timed_us / timed) if timed > 0 and timed_us > 0 else 0]
+    return between(start) + between(boot)
+
+
+def agree(values: list) -> list:
+    """Element-wise MAX of each rank's readings over the attention-TP group (a TP forward ends
+    when its slowest rank does): every rank gets the same integers at the same step. One rank:
+    its own."""
+    group, size, _ = tp_group.engine_group()
+    if group is None or size <= 1:
+        return list(values)
+    return tp_group.all_reduce_max(list(values), group)
+
+
 # --- Per-scheduler state ---------------------------------------------------------------------
 # Kept on the Scheduler instance (two schedulers in one process, as in the tests, never share it).
 _STATE = "_dsv41_decode_yield"
 
 
 class _State:
-    __slots__ = ("cand_req", "cand_cost", "req", "left", "log", "timing")
+    __slots__ = ("cand_req", "cand_cost", "req", "left", "log", "timing", "online")
 
     def __init__(self):
         self.cand_req = None      # chunked request of the pass the engine just armed for
@@ -192,6 +298,7 @@ class _State:
         self.left = 0             # armed: decode steps still owed before that chunk
         self.log = None           # per-prompt receipt: [req, chunks, planned, run, early_ends]
         self.timing = None        # engine_timing() when that prompt's first yield was armed
+        self.online = None        # OnlineScales with DSV41_DECODE_YIELD_ONLINE=1
 
 
 def _state(scheduler) -> _State:
@@ -211,6 +318,11 @@ def decisions(scheduler) -> dict:
 
 
 def _flush_log(st: _State, scheduler=None, pct: int = 0, counters=None) -> None:
+    online = ""
+    if st.online is not None and st.log is not None:
+        ol = st.online
+        online = (f"; online scales at its last plan: chunk x{ol.chunk[0] / ol.chunk[1]:.3g}, "
+                  f"decode step x{ol.step[0] / ol.step[1]:.3g} (agreed over the TP group)")
     if st.log is None:
         return
     req, chunks, planned, run, early = st.log
@@ -232,8 +344,8 @@ def _flush_log(st: _State, scheduler=None, pct: int = 0, counters=None) -> None:
                 counters["achieved_share"] += round(share, 4)
                 counters["share_measured"] += 1
     receipts.line(NAME, "rid=%s left chunked prefill: %d chunks yielded, %d decode steps "
-                  "planned, %d run, %d ended early; %s", req.rid, chunks, planned, run, early,
-                  measured)
+                  "planned, %d run, %d ended early; %s%s", req.rid, chunks, planned, run, early,
+                  measured, online)
 
 
 def _unsupported(scheduler) -> str | None:
@@ -256,6 +368,7 @@ def install(ctx) -> str:
     counters = ctx.counters
     fitted = ctx.value(MODEL_KEY)       # keys.py parsed and range-checked it at boot
     model = CLUSTER if fitted is None else CostModel(*fitted)
+    online = ctx.value(ONLINE_KEY) == 1
 
     def contain(scheduler, exc) -> None:
         """An exception of the yield's own logic: one fallback line, the yield state of this
@@ -266,11 +379,26 @@ def install(ctx) -> str:
         if st is not None:
             st.cand_req, st.cand_cost, st.req, st.left, st.log = None, 0, None, 0, None
             st.timing = None
+            st.online = None      # the calibration restarts from the engine's counters as they are
+
+    def timing_or_none(scheduler):
+        try:
+            return engine_timing(scheduler)
+        except Exception:  # noqa: BLE001 - no counters: no readings (the scales keep their value)
+            return None
+
+    def online_scales(scheduler, st) -> OnlineScales:
+        if st.online is None:
+            st.online = OnlineScales(timing_or_none(scheduler))
+        return st.online
 
     def arm_prefill_decode_interval(original, self, batch, *args, **kwargs):
         out = original(self, batch, *args, **kwargs)
         try:
             note_candidate(self, batch)
+            if online and batch is not None:
+                # after note_candidate: a candidate's own pass belongs to the window it opens
+                online_scales(self, _state(self)).note_batch(batch, model)
         except Exception as exc:  # noqa: BLE001 - the adapter's own logic only
             contain(self, exc)
         return out
@@ -291,6 +419,8 @@ def install(ctx) -> str:
         st = _state(self)
         st.cand_req = chunked
         st.cand_cost = pass_cost_us(batch.extend_lens, batch.prefix_lens, model)
+        if online:
+            online_scales(self, st).close_window(timing_or_none(self))
 
     def get_next_batch_to_run(original, self, *args, **kwargs):
         plan = original(self, *args, **kwargs)
@@ -316,6 +446,15 @@ def install(ctx) -> str:
             counters["lone_chunks"] += 1
             return
         step = step_cost_us(len(rows), sum(r.seqlen for r in rows), model)
+        if online:
+            # every rank reaches this line at the same step (the path to it reads replicated
+            # state only), so the all-reduce in agree() pairs up across the TP group
+            ol = online_scales(self, st)
+            closing, ol.closing = ol.closing, None
+            measured, modelled = closing or ([0, 0, 0, 0], (0, 0, 0, 0, 0, 0))
+            ol.adopt(agree(measured), modelled)
+            counters["online_scales_agreed"] += 1
+            cost, step = ol.scaled(cost, step)
         steps = yield_steps(pct, cost, step, self.prefill_decode_interval)
         st.req, st.left = req, steps
         if st.log is None or st.log[0] is not req:
@@ -366,4 +505,7 @@ def install(ctx) -> str:
             f"ceil({pct}/{100 - pct} x chunk cost / decode step cost) decode steps "
             f"(>= --prefill-decode-interval, <= {MAX_STEPS}); integer cost model, no clock; "
             + (f"cost model: cluster constants {CLUSTER.value()} ({MODEL_KEY} unset)" if fitted is None
-               else f"cost model: {MODEL_KEY}={model.value()} (fitted)"))
+               else f"cost model: {MODEL_KEY}={model.value()} (fitted)")
+            + ("; online calibration: the model's chunk and decode step costs scaled by the "
+               "engine's own step timings since the previous chunk, agreed over the attention-TP "
+               f"group at each planned chunk ({ONLINE_KEY}=1)" if online else ""))

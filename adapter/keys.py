@@ -53,6 +53,10 @@ KEYS: tuple[Key, ...] = (
             ("CHUNK_PREFIX_SQ_PS", 0, 1_000_000_000)), min_fields=6,
         doc="decode yield's cost model fitted by `dsv41 calibrate yield` (six integers, or seven "
             "with the squared-prefix term); unset = the cluster constants"),
+    Key("DSV41_DECODE_YIELD_ONLINE", "flag", "decode_yield", default=0,
+        doc="decode yield's cost model scaled online: chunk and decode step time scales read from "
+            "the engine's own step timings and agreed over the attention-TP group (MAX) at each "
+            "planned chunk, so the share holds on the machine it runs on; 0 = the model as given"),
     Key("DSV41_SWA_THIN", "flag", "swa_thin", enables=True, default=0,
         doc="moved-past SWA checkpoints go to the evict-first end of the SWA LRU"),
     Key("DSV41_SWA_CONE_REPLAY", "flag", "swa_cone", enables=True, default=0,

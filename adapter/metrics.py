@@ -61,6 +61,10 @@ SERIES = {
                                           "(a measurement, never a decision input); over "
                                           "dsv41_decode_yield_share_measured_total: the mean", ()),
     "dsv41_decode_yield_share_measured": ("Yielded prompts whose achieved share was measured", ()),
+    "dsv41_decode_yield_online_scales_agreed": ("Plans whose chunk and decode step time scales "
+                                                "were read from the engine's step timings and "
+                                                "agreed over the TP group "
+                                                "(DSV41_DECODE_YIELD_ONLINE)", ()),
     "dsv41_swa_thin_hooked_inserts": ("checkpoint_into_tree calls seen", ()),
     "dsv41_swa_thin_checkpoints_passed": ("Checkpoints whose request moved past them", ()),
     "dsv41_swa_thin_nodes_moved": ("SWA LRU nodes moved to the evict-first end", ()),
@@ -110,6 +114,7 @@ KEYS = {
         "lone_chunks": ("dsv41_decode_yield_lone_chunks", ()),
         "achieved_share": ("dsv41_decode_yield_achieved_share", ()),
         "share_measured": ("dsv41_decode_yield_share_measured", ()),
+        "online_scales_agreed": ("dsv41_decode_yield_online_scales_agreed", ()),
     },
     "swa_thin": {
         "hooked_inserts": ("dsv41_swa_thin_hooked_inserts", ()),

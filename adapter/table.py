@@ -81,12 +81,17 @@ HOOKS: tuple[Hook, ...] = (
         f"{_SCHED}:Scheduler.prefill_decode_interval_min_bs",
         # the achieved-share measurement (logs and /metrics only): the engine's step timings
         f"{_SCHED}:Scheduler._record_step_counters", f"{_SCHED}:Scheduler.total_prefill_busy_us",
-        f"{_SCHED}:Scheduler.decode_moment_totals", f"{_SCHED}:_accumulate_decode_moment")),
+        f"{_SCHED}:Scheduler.decode_moment_totals", f"{_SCHED}:_accumulate_decode_moment",
+        # DSV41_DECODE_YIELD_ONLINE: the same timings scale the model, agreed over the attention
+        # TP group's gloo group (adapter/tp_group.py)
+        f"{_RC}:ParallelContext.attn_tp_group", f"{_PS}:GroupCoordinator.cpu_group",
+        f"{_PS}:GroupCoordinator.world_size", f"{_PS}:GroupCoordinator.rank_in_group")),
     Hook("decode_yield", _SCHED, "Scheduler._should_defer_prefill", touches=(
         f"{_SB}:ScheduleBatch.batch_size",)),
     Hook("decode_yield", _SCHED, "Scheduler._arm_prefill_decode_interval", touches=(
         f"{_SB}:ScheduleBatch.forward_mode", f"{_SB}:ScheduleBatch.extend_lens",
         f"{_SB}:ScheduleBatch.prefix_lens", f"{_FB}:ForwardMode.is_extend",
+        f"{_FB}:ForwardMode.is_decode",       # DSV41_DECODE_YIELD_ONLINE: each batch's modelled cost
         f"{_SCHED}:Scheduler.require_mlp_sync", f"{_SCHED}:Scheduler.dllm_config",
         f"{_RC}:get_parallel")),
     # swa_thin (before swa_cone): moved-past checkpoints to the SWA LRU's evict-first end; with

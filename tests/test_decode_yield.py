@@ -532,6 +532,134 @@ def test_achieved_share_function():
     assert dy.achieved_share((0, 0, 0.0), (10, 3, 9.0), 0) == (None, "no decode step ran")
 
 
+# --- online calibration (DSV41_DECODE_YIELD_ONLINE=1) ------------------------------------------
+# A "machine" whose chunks take chunk_x times the cost model's time and whose decode steps take
+# step_x times it: the engine's step counters are fed from that machine's clock, the decisions
+# still see only the model and (with the key) the agreed readings.
+
+def _feed_machine(chunk_x, step_x):
+    from sglang.srt.managers.scheduler import _accumulate_decode_moment
+
+    def feed(loop):
+        s, trace = loop.s, loop.trace
+        if not hasattr(s, "decode_moment_totals"):
+            s.total_prefill_busy_us, s.decode_moment_totals = 0, [0.0] * 6
+        cur = trace[-1]
+        if cur.kind == "extend":
+            s.total_prefill_busy_us += int(cur.cost_us * chunk_x)
+        elif cur.kind == "decode" and len(trace) > 1 and trace[-2].kind == "decode":
+            _accumulate_decode_moment(s.decode_moment_totals, len(cur.rids),
+                                      int(trace[-2].cost_us * step_x), len(cur.rids))
+    return feed
+
+
+def _machine_share(trace, chunk_x, step_x, rid="p"):
+    """The streams' share of the prompt's chunked-prefill window on the machine's clock."""
+    first = next(i for i, st in enumerate(trace) if st.kind == "extend" and rid in st.rids)
+    last = max(i for i, st in enumerate(trace) if st.kind == "extend" and rid in st.rids)
+    decode = sum(st.cost_us for st in trace[first:last] if st.kind == "decode") * step_x
+    chunks = sum(st.cost_us for st in trace[first:last] if st.kind == "extend") * chunk_x
+    return decode / (decode + chunks)
+
+
+@pytest.fixture
+def online_on(install_adapters):
+    def _on(pct, online="1"):
+        env = {KEY: str(pct)}
+        if online is not None:
+            env[dy.ONLINE_KEY] = online
+        state = install_adapters(env)[dy.NAME]
+        assert state.status == "installed", state.detail
+        return state
+    return _on
+
+
+@pytest.mark.parametrize("chunk_x,step_x", [(3.0, 0.4), (1.5, 0.5), (1.0, 1.0)])
+def test_online_calibration_lands_the_share_where_the_model_is_off(online_on, chunk_x, step_x):
+    """On a machine whose chunk / step times are off the model's by chunk_x / step_x, the online
+    scales bring the streams' share within 0.05 of 33 %; the control without the key (the model as
+    given) lands where the machine puts it, far off unless the model fits (1.0, 1.0). (A machine
+    whose chunk is worth only a few decode steps overshoots by the rule's ceil, online or not: 2
+    steps where 1.2 were worth the share.)"""
+    online_on(33)
+    receipts.forget(dy.NAME)
+    _, trace, _, _ = scenario(on_step=_feed_machine(chunk_x, step_x))
+    online = _machine_share(trace, chunk_x, step_x)
+    assert abs(online - 0.33) <= 0.05, online
+    assert counters()["online_scales_agreed"] == len(chunk_gaps(trace))
+    online_on(33, online=None)
+    _, fixed_trace, _, _ = scenario(on_step=_feed_machine(chunk_x, step_x))
+    fixed = _machine_share(fixed_trace, chunk_x, step_x)
+    if (chunk_x, step_x) == (1.0, 1.0):
+        assert shape(fixed_trace) == shape(trace)      # the model fits: the scales are 1
+    else:
+        assert abs(fixed - 0.33) > 0.15, fixed           # the negative control: the model alone misses
+
+
+def test_online_with_no_engine_timings_keeps_the_model(online_on):
+    """No step counters to read (a scheduler without them): every scale stays 1, the plans are the
+    model's own, and the plan is still counted as agreed (the all-reduce ran)."""
+    online_on(33, online=None)
+    _, fixed, _, _ = scenario()
+    online_on(33)
+    _, online, _, _ = scenario()
+    assert shape(online) == shape(fixed)
+
+
+def test_online_scales_adopt_the_window_else_since_boot():
+    ol = dy.OnlineScales()
+    # window: 3 s of prefill over 1 s modelled; mean step 20 ms over a modelled mean of 40 ms
+    assert ol.adopt([3_000_000, 20_000, 9_000_000, 50_000], (1_000_000, 400_000, 10, 4_000_000, 800_000, 20))
+    assert ol.chunk == (3_000_000, 1_000_000) and ol.step == (200_000, 400_000)
+    assert ol.scaled(500_000, 60_000) == (1_500_000, 30_000)
+    # no window readings: since boot (9 s over 4 s; 50 ms x 20 over 0.8 s)
+    ol.adopt([0, 0, 9_000_000, 50_000], (1_000_000, 400_000, 10, 4_000_000, 800_000, 20))
+    assert ol.chunk == (9_000_000, 4_000_000) and ol.step == (1_000_000, 800_000)
+    # nothing at all: the last scales stay
+    assert not ol.adopt([0, 0, 0, 0], (0, 0, 0, 0, 0, 0))
+    assert ol.chunk == (9_000_000, 4_000_000)
+    assert dy.readings(None, (100, 2, 40.0), (400, 6, 240.0)) == [300, 50, 400, 40]
+    assert dy.readings(None, None, None) == [0, 0, 0, 0]
+
+
+ONLINE_CHILD = r"""
+import json, sys
+import torch.distributed as dist
+
+rank, mode, init, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+sys.path.insert(0, "tests")
+from adapter.cpu import cpu_engine
+cpu_engine.install_torchvision_shim()
+from adapter import decode_yield as dy, installer, tp_group
+import test_decode_yield as t
+
+installer.set_mode("report")
+state = installer.install_in_process({"DSV41_DECODE_YIELD": "33", "DSV41_DECODE_YIELD_ONLINE": "1"})
+assert state["decode_yield"].status == "installed", state["decode_yield"].detail
+group = dist.new_group([0, 1], backend="gloo")
+tp_group.engine_group = lambda: (group, 2, rank)
+if mode == "local":                     # the agreement replaced by each rank's own readings
+    dy.agree = lambda values: list(values)
+# the same batches on both ranks; rank 0 reads its chunks 3x the model's time, rank 1 1.2x
+_, trace, _, _ = t.scenario(on_step=t._feed_machine(3.0 if rank == 0 else 1.2, 1.0))
+json.dump({"gaps": [n for _, n, _ in t.chunk_gaps(trace)]}, open(out, "w"))
+dist.destroy_process_group()
+"""
+
+
+def test_online_scales_are_agreed_over_the_tp_group(tmp_path):
+    """Two ranks whose own step counters differ plan the same decode steps after every chunk
+    (the slowest rank's readings, agreed); the control, each rank on its own readings, splits."""
+    from conftest import run_two_ranks
+
+    r0, r1 = run_two_ranks(ONLINE_CHILD, tmp_path, "agree")
+    assert r0["gaps"] == r1["gaps"], (r0, r1)
+    l0, l1 = run_two_ranks(ONLINE_CHILD, tmp_path, "local")
+    assert l0["gaps"] == r0["gaps"]                  # rank 0's readings are the MAX
+    assert l1["gaps"] != l0["gaps"], (l0, l1)        # on its own, rank 1 plans fewer steps
+
+
 def test_model_form_follows_both_chunk_cost_shapes():
     """sq = 0: c*L*(P + L/2) (the cluster form, unchanged); sq = pair/2: (pair/2)*(P + L)^2 up to
     integer rounding (a backend whose chunk cost grows with the whole context squared)."""

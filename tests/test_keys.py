@@ -160,7 +160,8 @@ def test_set_keys_names_what_the_environment_set(monkeypatch):
     assert s.set_keys == ("DSV41_SWA_THIN", "DSV41_SWA_CONE_TOKENS")
     assert s.get("DSV41_SWA_CONE_TOKENS") == 512 and s.enabled("swa_thin")
     assert s.keys_of("swa_thin") == {"DSV41_SWA_THIN": 1}
-    assert s.keys_of("decode_yield") == {"DSV41_DECODE_YIELD": None, MODEL: None}
+    assert s.keys_of("decode_yield") == {"DSV41_DECODE_YIELD": None, MODEL: None,
+                                         "DSV41_DECODE_YIELD_ONLINE": 0}
 
 
 @pytest.mark.parametrize("a, b, d", [("", "abc", 3), ("abc", "abd", 1), ("abc", "ab", 1),
