@@ -30,7 +30,8 @@ the T=0 output ids, from the engine's own request log.
           as the canary uses them), plus DSV41_DECODE_YIELD_MODEL = the operator's fitted cost
           model: `dsv41 calibrate yield`'s fit (adapter/tools/calibrate.py) of the calibration
           traffic's scheduler log, sent to the first stock boot after its measured traffic
-          (or --yield-model V).
+          (or --yield-model V); none when the line has DSV41_DECODE_YIELD_ONLINE=1 (decode yield
+          then scales its model from the engine's own step timings) and no --yield-model is given.
 
 Each effect is read where its adapter acts: thin's (and cone's, on DeepSeek-V4) on the resumed
 turns, decode yield's on the streams beside a long prefill, the line's cost on short traffic.
@@ -518,14 +519,17 @@ def main(argv=None) -> int:
     fit = None
     boots = []
     order = [lab for _ in range(args.boots) for lab in names]
+    # a line whose decode yield scales its cost model from the engine's own step timings
+    # (DSV41_DECODE_YIELD_ONLINE=1) runs as the profile has it: no fitted model is added
+    online = spec.get("line", {}).get("keys", {}).get("DSV41_DECODE_YIELD_ONLINE") == "1"
     for i, lab in enumerate(order, 1):
-        if lab == "line" and "DSV41_DECODE_YIELD_MODEL" not in spec["line"]["keys"]:
+        if lab == "line" and "DSV41_DECODE_YIELD_MODEL" not in spec["line"]["keys"] and not online:
             if fit is None:
                 raise SystemExit("no fitted DSV41_DECODE_YIELD_MODEL (the first stock boot's calibration failed, "
                                  "or the line boots before stock): "
                                  f"see {boots[0].get('log_dir') if boots else 'the run'} or pass --yield-model")
             spec["line"]["keys"]["DSV41_DECODE_YIELD_MODEL"] = fit["value"]
-        calibrate = lab == "stock" and fit is None and not args.yield_model and "line" in names
+        calibrate = lab == "stock" and fit is None and not args.yield_model and "line" in names and not online
         b = run_boot(lab, i, spec[lab], args.cpu_model, args.scale, trace, run_dir, args.seed, say, calibrate,
                      profile=not knobs)      # the profile rows explain the two lines' goals
         if calibrate and "calibration" in b:
