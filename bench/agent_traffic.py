@@ -436,7 +436,13 @@ def knob_aggregate(boots, names, page=1) -> dict:
         if stock:
             sv = [knob_values(b) for b in stock]
             row["vs_stock"] = {k: ratio(row["median"][k], med([v[k] for v in sv])) for k in per}
-            row["vs_stock_per_round"] = {k: [ratio(a[k], b[k]) for a, b in zip(values, sv)] for k in per}
+            # each boot against the stock boot of its own round (boots run round by round, the
+            # lines in order), None where that round's stock boot failed
+            round_stock = {(b["index"] - 1) // len(names): knob_values(b) for b in stock}
+            row["vs_stock_per_round"] = {
+                k: [ratio(v[k], round_stock[(b["index"] - 1) // len(names)][k])
+                    if (b["index"] - 1) // len(names) in round_stock else None for b, v in zip(bs, values)]
+                for k in per}
         out[name] = row
     return out
 

@@ -103,6 +103,12 @@ def test_knob_aggregate_and_table():
     assert t["session_full_tokens"] == 2304 and t["capacity_sessions"] == [2442240 // 2304] * 2
     assert [o["equal"] for o in t["outputs_vs_stock_boot_1"]] == [1, 0]
     assert [o["equal"] for o in agg["stock"]["outputs_vs_stock_boot_1"]] == [1]     # stock boot 3 only
+    # a line boot pairs with the stock boot of its own round, not the n-th stock boot
+    three = boots[:2] + [_boot("thin384", 4, 2.0, 3.0, 0.9, p384, {"a": [1]}), _boot("stock", 5, 4.0, 2.0, 0.9, p128, {}),
+                         _boot("thin384", 6, 1.0, 3.0, 0.9, p384, {"a": [1]})]
+    three[2]["index"] = 4      # round 1 (boots 3-4): its stock boot (3) failed and is absent
+    agg3 = bench.knob_aggregate(three, ["stock", "thin384"], page=256)
+    assert agg3["thin384"]["vs_stock_per_round"]["itl_p50_s"] == [0.5, None, 0.25]
     spec = at.knob_lines(["stock", "thin384"], STOCK, LINE, "1024")
     table = bench.knob_table(agg, spec)
     assert len(table) == 4 and table[2].startswith("| stock |") and table[3].startswith("| thin384 |")

@@ -189,8 +189,8 @@ SCALES = {
     # (DSV41CPU_FREE_MEMORY_MB: 2,627 MB free x --mem-fraction-static 0.3 = 788 MB). The budget
     # is the cluster's trade in proportion: on this model a SWA slot costs 2,075 bytes and a full
     # token 186 (the engine's log), so tails 384 over 128 (98,304 more SWA slots) cost 1.10M full
-    # tokens, 31 % of the full pool at tails 128 (3.54M; tails 384: 2.44M) as on the cluster
-    # (4,997,632 -> 3,444,224). Workload: the dsv4 canary's shape with 1,024-token chunks,
+    # tokens: the engine sized 3,769,088 full tokens at tails 128 and 2,672,640 at 384 (x0.71; the
+    # cluster 4,997,632 -> 3,444,224, x0.69). Workload: the dsv4 canary's shape with 1,024-token chunks,
     # sessions of ~2,200 tokens, a 3-chunk prompt beside 2 streams (arriving after their prefill),
     # 12 short prompts: about a minute a boot, for 10 lines x 2-3 boots. Nothing here fills the SWA
     # pool at 128 tails (57,600 slots): 48 sub-agents x 3 turns between the sessions' turns and their
@@ -277,7 +277,7 @@ def server_args(model: str, scale: str, workdir) -> dict:
 # default gave 64). 954 tails fit neither the cluster's budget nor this bench's (their SWA slots alone
 # would cost more than the whole budget: 401,664 x 15.8 full-token equivalents > 6.33M on the
 # cluster), so the flag's own value is the analogue: at the "knobs" scale's budget 0.22 sizes a SWA
-# pool of ~705 tails, at the cluster's ~718 (docs/performance.md).
+# pool of 280,832 slots = 709 tails' worth, at the cluster's ~718 (docs/performance.md).
 SWAPOOL_RATIO = "0.22"
 KNOB_LINES = {
     "stock": "no DSV41 keys, the control line's args (--prefill-decode-interval 1 --swa-prefix-tails 128)",
