@@ -3,6 +3,18 @@ agent traffic (issue 32).
 
     .venv/bin/python bench/agent_traffic.py [--cpu-model swa] [--boots 2] [--seed N]
                                             [--yield-model V] [--out DIR]
+    .venv/bin/python bench/agent_traffic.py --cpu-model dsv4 --scale knobs --yield-model V \
+        --lines stock line pdi8 pdi16 mixed half stock384 swapool thin128 thin384
+
+--lines (issue 43): the lines to boot, in that order, --boots rounds of them; besides stock and
+line, lines that differ from stock by exactly one engine knob or are one of ours
+(adapter/tools/agent_traffic.py KNOB_LINES). Any other set than the default "stock line" adds the
+knobs table: one row per line, each figure per boot and over stock's median, the full and SWA pool
+sizes the engine logged per boot, the full-pool tokens a resumed session holds and the pool's
+capacity in such sessions. Scale "knobs" (dsv4) leaves the pools to the engine's own sizing
+(tails-based cap mode, a fixed KV budget: adapter/cpu/pool_budget.py), where the tails trade full
+KV for SWA slots; the other scales set an operator --swa-full-tokens-ratio, under which
+--swa-prefix-tails sizes nothing.
 
 Writes one seeded trace in `sglang.bench_serving`'s own dataset formats (agentic-trace
 conversations, mooncake timed records, random-ids; adapter/tools/agent_traffic.py: no download),
@@ -18,7 +30,8 @@ the T=0 output ids, from the engine's own request log.
           as the canary uses them), plus DSV41_DECODE_YIELD_MODEL = the operator's fitted cost
           model: `dsv41 calibrate yield`'s fit (adapter/tools/calibrate.py) of the calibration
           traffic's scheduler log, sent to the first stock boot after its measured traffic
-          (or --yield-model V).
+          (or --yield-model V); none when the line has DSV41_DECODE_YIELD_ONLINE=1 (decode yield
+          then scales its model from the engine's own step timings) and no --yield-model is given.
 
 Each effect is read where its adapter acts: thin's (and cone's, on DeepSeek-V4) on the resumed
 turns, decode yield's on the streams beside a long prefill, the line's cost on short traffic.
@@ -56,6 +69,7 @@ GOAL_ITL_P99 = 2.0              # stock / line, ITL p99 of streams while a long 
 GOAL_LONG_TTFT = 1.5            # line / stock, the long prompt's TTFT
 GOAL_THROUGHPUT = 0.98          # line / stock, short traffic
 GOAL_SHORT_TTFT = 1.03          # line / stock, short traffic TTFT p50
+DEFAULT_LINES = ("stock", "line")
 
 
 def lines(profile_path, yield_model=None, model="swa"):
@@ -92,19 +106,22 @@ def spread(values, unit="", digits=3):
 
 # --- one boot --------------------------------------------------------------------------------
 
-def run_boot(label, index, spec, model, scale, trace, run_dir, seed, say, calibrate=False):
+def run_boot(label, index, spec, model, scale, trace, run_dir, seed, say, calibrate=False, profile=True):
     from adapter.cpu.server import BootError, CpuServer
     from adapter.tools import canary
 
     boot_dir = run_dir / f"{index}-{label}"
-    args = dict(spec["args"])
-    args.update(at.server_args(model, scale, boot_dir))
+    # the scale's pools and chunk first, then the line's: a line that changes one of them (half:
+    # the chunk, swapool: the SWA ratio) must win
+    args = at.server_args(model, scale, boot_dir)
+    args.update(spec["args"])
     sc = at.scale_of(model, scale)
     session_tokens = (sc.session_system + sc.session_first
                       + sc.session_turns * (sc.turn_output + sc.session_user))
     server = CpuServer(model, keys=spec["keys"], args=args, name=f"{index}-{label}",
-                       log_dir=boot_dir / "server", admin_calls=True)   # the workload flushes
-    out = {"label": label, "index": index, "keys": spec["keys"], "args": args, "errors": []}
+                       log_dir=boot_dir / "server", admin_calls=True,   # the workload flushes
+                       extra_env=sc.server_env())
+    out = {"label": label, "index": index, "keys": spec["keys"], "args": args, "env": sc.server_env(), "errors": []}
     began = time.monotonic()
     try:
         say(f"boot {index} ({label}): starting")
@@ -113,7 +130,8 @@ def run_boot(label, index, spec, model, scale, trace, run_dir, seed, say, calibr
         say(f"boot {index} ({label}): up in {server.boot_s:.0f}s")
         out["rows"] = at.run_agent_traffic(
             server, model=model, scale=scale, workdir=boot_dir, seed=seed, trace=trace,
-            progress=lambda m: say(f"boot {index} ({label}): {m}"), profile_tokens=session_tokens)
+            progress=lambda m: say(f"boot {index} ({label}): {m}"),
+            profile_tokens=session_tokens if profile else None)
         if calibrate:
             out["calibration"] = at.calibrate_yield(server, boot_dir, model, seed,
                                                     progress=lambda m: say(f"boot {index} ({label}): {m}"))
@@ -368,6 +386,91 @@ def profile_lines(res, goal_list, fit):
     return out
 
 
+# --- lines beside the engine's own knobs (--lines, issue 43) -----------------------------------------
+
+# (key, column, unit, which way is better); values per boot from each boot's rows
+KNOB_COLUMNS = (
+    ("itl_p50_s", "stream ITL p50 in the long prefill", " s", "lower"),
+    ("itl_p99_s", "stream ITL p99 in the long prefill", " s", "lower"),
+    ("rate_ratio", "stream rate during / before", "", "higher"),
+    ("long_ttft_s", "long prompt TTFT", " s", "lower"),
+    ("short_rps", "short traffic requests/s", "", "higher"),
+    ("resume_cached", "resumed-turn cached fraction", "", "higher"),
+    ("resume_ttft_s", "resumed-turn TTFT p50", " s", "lower"),
+)
+
+
+def knob_values(boot) -> dict:
+    rows = boot["rows"]
+    st = rows["streams"]
+    return {"itl_p50_s": st["itl_p50_s"], "itl_p99_s": st["itl_p99_s"], "rate_ratio": st["rate_ratio"],
+            "long_ttft_s": st["long_ttft_s"], "short_rps": rows["short"]["request_throughput"],
+            "resume_cached": rows["resume"]["cached_fraction"], "resume_ttft_s": rows["resume"]["ttft_p50_s"]}
+
+
+def knob_aggregate(boots, names, page=1) -> dict:
+    """Per line: each figure per boot, its median, how far the line's own boots are apart, the ratio
+    of its median to stock's and of each boot round's value to that round's stock boot; the pools
+    the engine logged per boot; full-pool tokens a resumed session holds (its resumed prompt, in
+    pages) and the full pool's capacity in such sessions; T=0 output ids of the conversations'
+    turns against stock boot 1."""
+    ok = [b for b in boots if "rows" in b and not b["errors"]]
+    by = {n: [b for b in ok if b["label"] == n] for n in names}
+    stock = by.get("stock") or []
+    ref = stock[0] if stock else None
+    out = {}
+    for name in names:
+        bs = by[name]
+        values = [knob_values(b) for b in bs]
+        per = {k: [v[k] for v in values] for k, *_ in KNOB_COLUMNS}
+        session = max((t["prompt_tokens"] for b in bs for t in b["rows"]["resume"]["resumed"]), default=0)
+        held = at.session_full_tokens(session, page) if session else None
+        pools = [b["pool"] for b in bs]
+        row = {"boots": [b["index"] for b in bs], "per_boot": per,
+               "median": {k: med(v) for k, v in per.items()},
+               "apart": {k: same_line_spread(v) for k, v in per.items()},
+               "pools": pools, "session_full_tokens": held,
+               "capacity_sessions": [p["full"] // held if p and held else None for p in pools],
+               "outputs_vs_stock_boot_1": [at.compare_outputs(ref["outputs_conversations"], b["outputs_conversations"])
+                                           for b in bs if b is not ref] if ref else []}
+        if stock:
+            sv = [knob_values(b) for b in stock]
+            row["vs_stock"] = {k: ratio(row["median"][k], med([v[k] for v in sv])) for k in per}
+            # each boot against the stock boot of its own round (boots run round by round, the
+            # lines in order), None where that round's stock boot failed
+            round_stock = {(b["index"] - 1) // len(names): knob_values(b) for b in stock}
+            row["vs_stock_per_round"] = {
+                k: [ratio(v[k], round_stock[(b["index"] - 1) // len(names)][k])
+                    if (b["index"] - 1) // len(names) in round_stock else None for b, v in zip(bs, values)]
+                for k in per}
+        out[name] = row
+    return out
+
+
+def knob_table(agg, spec) -> list[str]:
+    """The --lines table, markdown: one row per line, per-boot values in brackets, x = median over
+    stock's median (per boot round in the JSON)."""
+    head = ["line", "change"] + [c for _, c, _, _ in KNOB_COLUMNS] + ["full / SWA pool (engine log, per boot)",
+                                                                     "full KV per resumed session (pool capacity in sessions)",
+                                                                     "T=0 turns vs stock boot 1"]
+    lines_ = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, row in agg.items():
+        cells = [name, spec[name]["change"]]
+        for key, _, unit, _ in KNOB_COLUMNS:
+            cell = f"{fmt(row['median'][key], unit)} {spread(row['per_boot'][key])}"
+            if name != "stock" and row.get("vs_stock", {}).get(key) is not None:
+                cell += f" x{fmt(row['vs_stock'][key])}"
+            cells.append(cell)
+        cells.append(", ".join(f"{p['full']:,} / {p['swa']:,}" + (f" ({p['mode']}{', tails ' + str(p['tails']) if 'tails' in p else ''}"
+                                                                  f"{', ratio ' + str(p['ratio']) if 'ratio' in p else ''})" if "mode" in p else "")
+                               if p else "n/a" for p in row["pools"]))
+        cells.append(f"{row['session_full_tokens']:,} ({', '.join(f'{c:,}' if c is not None else 'n/a' for c in row['capacity_sessions'])})"
+                     if row["session_full_tokens"] else "n/a")
+        cells.append(", ".join(f"{o['equal']} of {o['total']}" for o in row["outputs_vs_stock_boot_1"]) or "(reference)")
+        lines_.append("| " + " | ".join(cells) + " |")
+    return lines_
+
+
 def machine():
     info = {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count()}
     try:
@@ -397,7 +500,13 @@ def main(argv=None) -> int:
     ap.add_argument("--yield-model", default=None,
                     help="DSV41_DECODE_YIELD_MODEL for the line (default: fitted on the first stock boot)")
     ap.add_argument("--out", default=None, help="run directory (default runs/agent_traffic/<time>)")
+    ap.add_argument("--lines", nargs="+", default=list(DEFAULT_LINES), choices=list(at.KNOB_LINES), metavar="LINE",
+                    help="lines to boot, alternating, --boots rounds of them (default: stock line); besides "
+                         "the two: " + "; ".join(f"{k} = {v}" for k, v in at.KNOB_LINES.items() if k not in DEFAULT_LINES)
+                         + ". Other lines than the default add the knobs table (issue 43); use a scale "
+                           "whose pools the engine sizes (--cpu-model dsv4 --scale knobs) for the tails lines")
     args = ap.parse_args(argv)
+    names = list(dict.fromkeys(args.lines))
     began = time.monotonic()
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = pathlib.Path(args.out or REPO_ROOT / "runs" / "agent_traffic" / stamp)
@@ -406,25 +515,36 @@ def main(argv=None) -> int:
     def say(msg):
         print(f"[agent-traffic {time.monotonic() - began:5.0f}s] {msg}", file=sys.stderr, flush=True)
 
-    spec = lines(args.profile, args.yield_model, args.cpu_model)
-    say(f"trace: {args.cpu_model} / {args.scale}, seed {args.seed} -> {run_dir / 'trace'}")
+    base = lines(args.profile, args.yield_model, args.cpu_model)
+    chunk = at.server_args(args.cpu_model, args.scale, run_dir)["--chunked-prefill-size"]
+    spec = at.knob_lines(names, base["stock"], base["line"], chunk)
+    knobs = names != list(DEFAULT_LINES)
+    say(f"trace: {args.cpu_model} / {args.scale}, seed {args.seed} -> {run_dir / 'trace'}; lines {' '.join(names)}")
     trace = at.write_trace(run_dir / "trace", args.cpu_model, args.scale, args.seed)
     at.client_module()          # the client's imports once, before the first boot
     fit = None
     boots = []
-    order = [lab for _ in range(args.boots) for lab in ("stock", "line")]
+    order = [lab for _ in range(args.boots) for lab in names]
+    # a line whose decode yield scales its cost model from the engine's own step timings
+    # (DSV41_DECODE_YIELD_ONLINE=1) runs as the profile has it: no fitted model is added
+    online = spec.get("line", {}).get("keys", {}).get("DSV41_DECODE_YIELD_ONLINE") == "1"
     for i, lab in enumerate(order, 1):
-        if lab == "line" and "DSV41_DECODE_YIELD_MODEL" not in spec["line"]["keys"]:
+        if lab == "line" and "DSV41_DECODE_YIELD_MODEL" not in spec["line"]["keys"] and not online:
             if fit is None:
-                raise SystemExit("no fitted DSV41_DECODE_YIELD_MODEL (the first stock boot's calibration failed): "
-                                 f"see {boots[0].get('log_dir')} or pass --yield-model")
+                raise SystemExit("no fitted DSV41_DECODE_YIELD_MODEL (the first stock boot's calibration failed, "
+                                 "or the line boots before stock): "
+                                 f"see {boots[0].get('log_dir') if boots else 'the run'} or pass --yield-model")
             spec["line"]["keys"]["DSV41_DECODE_YIELD_MODEL"] = fit["value"]
-        calibrate = lab == "stock" and fit is None and not args.yield_model
-        b = run_boot(lab, i, spec[lab], args.cpu_model, args.scale, trace, run_dir, args.seed, say, calibrate)
+        calibrate = lab == "stock" and fit is None and not args.yield_model and "line" in names and not online
+        b = run_boot(lab, i, spec[lab], args.cpu_model, args.scale, trace, run_dir, args.seed, say, calibrate,
+                     profile=not knobs)      # the profile rows explain the two lines' goals
         if calibrate and "calibration" in b:
             fit = b["calibration"]
         boots.append(b)
-    res = aggregate(boots)
+        # each boot's rows as they come: a run stopped early keeps what it measured
+        (run_dir / "boots.partial.json").write_text(json.dumps(
+            [{k: v for k, v in x.items() if not k.startswith("outputs_")} for x in boots], indent=1, default=str))
+    res = aggregate(boots) if {"stock", "line"} <= set(names) else {"incomplete": True}
     report = {"command": " ".join([".venv/bin/python bench/agent_traffic.py",
                                    *(argv if argv is not None else sys.argv[1:])]),
               "date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": machine(),
@@ -434,6 +554,26 @@ def main(argv=None) -> int:
               "boots": [{k: v for k, v in b.items() if not k.startswith("outputs_")} for b in boots],
               "aggregate": res}
     errors = [f"boot {b['index']} ({b['label']}): {e}" for b in boots for e in b["errors"]]
+    report["lines_run"] = names
+    if knobs:
+        from adapter.cpu.server import MODEL_DEFAULT_ARGS
+
+        page = int(MODEL_DEFAULT_ARGS.get(args.cpu_model, {}).get("--page-size", 1))   # dsv4: 256
+        report["knobs"] = knob_aggregate(boots, names, page)
+        report["knobs_table"] = knob_table(report["knobs"], spec) if "stock" in names else []
+        print(f"lines beside the engine's own knobs on the CPU '{args.cpu_model}' model, scale {args.scale} "
+              f"({args.boots} boots per line, alternating {' '.join(names)}; seed {args.seed}); "
+              f"medians [per boot], x = over stock's median")
+        for ln in report["knobs_table"]:
+            print(ln)
+        for e in errors:
+            print(f"error: {e}")
+        if not {"stock", "line"} <= set(names):
+            report["elapsed_s"] = round(time.monotonic() - began, 1)
+            out = run_dir / "agent_traffic.json"
+            out.write_text(json.dumps(report, indent=1, default=str))
+            print(f"rows: {out} ({report['elapsed_s']:.0f} s)")
+            return 1 if errors else 0
     if res.get("incomplete"):
         report["goals"] = []
         print("\n".join(["agent traffic: incomplete run"] + errors))

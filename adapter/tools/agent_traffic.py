@@ -110,9 +110,14 @@ class Scale:
     short_input: int
     short_output: int
     short_concurrency: int
+    # harness switches for the server's environment (adapter/cpu/pool_budget.py), ((name, value), ...)
+    env: tuple = ()
 
     def server_args(self) -> dict:
         return dict(self.server)
+
+    def server_env(self) -> dict:
+        return dict(self.env)
 
 
 # Blocks of the mooncake loader: f"{hash_id}" + " ".join(["hi"] * 128) -> 384 tokens each with the
@@ -177,6 +182,33 @@ SCALES = {
         stream_blocks=1, stream_output=300, streams=2, long_blocks=4, long_at_ms=3000,
         long_output=2,
         short_prompts=8, short_input=128, short_output=16, short_concurrency=4),
+    # bench/agent_traffic.py --cpu-model dsv4 --scale knobs (issue 43: the engine's own knobs beside
+    # ours). The pools are the engine's own sizing, not set by us: no --max-total-tokens, no
+    # --swa-full-tokens-ratio (an operator ratio turns the tails-based cap mode off), the cap mode
+    # the cluster's V4.1 checkpoint gets (DSV41CPU_DSV4_CAP_SIZING) and a fixed KV budget
+    # (DSV41CPU_FREE_MEMORY_MB: 2,627 MB free x --mem-fraction-static 0.3 = 788 MB). The budget
+    # is the cluster's trade in proportion: on this model a SWA slot costs 2,075 bytes and a full
+    # token 186 (the engine's log), so tails 384 over 128 (98,304 more SWA slots) cost 1.10M full
+    # tokens: the engine sized 3,769,088 full tokens at tails 128 and 2,672,640 at 384 (x0.71; the
+    # cluster 4,997,632 -> 3,444,224, x0.69). Workload: the dsv4 canary's shape with 1,024-token chunks,
+    # sessions of ~2,200 tokens, a 3-chunk prompt beside 2 streams (arriving after their prefill),
+    # 12 short prompts: about a minute a boot, for 10 lines x 2-3 boots. Nothing here fills the SWA
+    # pool at 128 tails (57,600 slots): 48 sub-agents x 3 turns between the sessions' turns and their
+    # resume (one trial boot, 84 s for that run alone) still left both sessions' windows cached on
+    # stock (peak "swa token usage" 0.05), so the resume rows of this scale show the lines' costs,
+    # not thin's or the tails' effect (the "bench" scales, with an operator ratio, show thin's).
+    ("dsv4", "knobs"): Scale(
+        server=(("--max-total-tokens", None), ("--swa-full-tokens-ratio", None),
+                ("--chunked-prefill-size", "1024")),
+        env=(("DSV41CPU_FREE_MEMORY_MB", "2627"), ("DSV41CPU_DSV4_CAP_SIZING", "1")),
+        sessions=2, session_system=2000, session_first=100, session_turns=2, session_user=80,
+        turn_output=8, agent_concurrency=2,
+        subagents=2, subagent_first=300, subagent_turns=2, subagent_user=100,
+        users=((0, 3, 0),), user_output=4,
+        resume_user=40, resume_turns=1,
+        stream_blocks=1, stream_output=300, streams=2, long_blocks=8, long_at_ms=5000,
+        long_output=2,
+        short_prompts=12, short_input=256, short_output=32, short_concurrency=4),
 }
 # The SWA window of each CPU model, for the reports.
 WINDOW = {"swa": "32 tokens (Mellum sliding_window), page 1",
@@ -205,9 +237,14 @@ def scaling_table(model: str, scale: str) -> list[dict]:
          "cluster": CLUSTER_SIZES["session"]},
         {"what": "SWA window", "cpu": WINDOW.get(model, "none"), "cluster": CLUSTER_SIZES["window"]},
         {"what": "prefill chunk", "cpu": f"{args['--chunked-prefill-size']} tokens", "cluster": CLUSTER_SIZES["chunk"]},
-        {"what": "full KV pool", "cpu": f"{args['--max-total-tokens']} tokens", "cluster": CLUSTER_SIZES["full_pool"]},
-        {"what": "SWA pool", "cpu": f"{args['--swa-full-tokens-ratio']} of the full pool (both lines: an operator "
-                                    "ratio turns the engine's tails sizing off)", "cluster": CLUSTER_SIZES["swa_pool"]},
+        {"what": "full KV pool", "cpu": (f"{args['--max-total-tokens']} tokens" if args.get("--max-total-tokens")
+                                         else "the engine's sizing of a fixed KV budget (logged per boot)"),
+         "cluster": CLUSTER_SIZES["full_pool"]},
+        {"what": "SWA pool", "cpu": (f"{args['--swa-full-tokens-ratio']} of the full pool (every line: an operator "
+                                     "ratio turns the engine's tails sizing off)" if args.get("--swa-full-tokens-ratio")
+                                     else "the engine's cap mode: request cap + --swa-prefix-tails x (window + page) "
+                                          "(logged per boot)"),
+         "cluster": CLUSTER_SIZES["swa_pool"]},
         {"what": "long prompt beside streams", "cpu": f"{sc.long_blocks} mooncake blocks (~{sc.long_blocks * 384} "
                                                       f"tokens) beside {sc.streams} streams",
          "cluster": CLUSTER_SIZES["long_prompt"]},
@@ -231,6 +268,62 @@ def server_args(model: str, scale: str, workdir) -> dict:
         template.write_text(CHAT_TEMPLATE)
         args["--chat-template"] = str(template)
     return args
+
+
+# --- lines beside the engine's own knobs (issue 43) ------------------------------------------------
+
+# Each differs from stock by exactly one engine knob, or is one of ours. swapool: the engine's
+# ratio flag at the public 4-Spark TP4 line's value (SPEC: 0.22 there gave 954 tails where the
+# default gave 64). 954 tails fit neither the cluster's budget nor this bench's (their SWA slots alone
+# would cost more than the whole budget: 401,664 x 15.8 full-token equivalents > 6.33M on the
+# cluster), so the flag's own value is the analogue: at the "knobs" scale's budget 0.22 sizes a SWA
+# pool of 280,832 slots = 709 tails' worth, at the cluster's ~718 (docs/performance.md).
+SWAPOOL_RATIO = "0.22"
+KNOB_LINES = {
+    "stock": "no DSV41 keys, the control line's args (--prefill-decode-interval 1 --swa-prefix-tails 128)",
+    "line": "the production line of .env.tp4.example (its DSV41 keys, --swa-prefix-tails 384)",
+    "pdi8": "stock + --prefill-decode-interval 8",
+    "pdi16": "stock + --prefill-decode-interval 16",
+    "mixed": "stock + --enable-mixed-chunk",
+    "half": "stock + --chunked-prefill-size half the scale's chunk",
+    "stock384": "stock + --swa-prefix-tails 384",
+    "swapool": f"stock + --swa-full-tokens-ratio {SWAPOOL_RATIO} (the engine's ratio sizing: a larger SWA pool)",
+    "thin128": "stock + DSV41_SWA_THIN=1 (tails 128: the full KV pool kept)",
+    "thin384": "stock + DSV41_SWA_THIN=1 + --swa-prefix-tails 384 (the production line's thin alone)",
+}
+
+
+def knob_lines(names, stock: dict, line: dict, chunk) -> dict:
+    """{name: {"keys", "args", "change"}} for the named lines (KNOB_LINES). stock / line: {"keys",
+    "args"} of the profile's control and production lines (bench/agent_traffic.py lines());
+    chunk: the scale's --chunked-prefill-size (half's is half of it)."""
+    one_change = {
+        "pdi8": ({}, {"--prefill-decode-interval": "8"}),
+        "pdi16": ({}, {"--prefill-decode-interval": "16"}),
+        "mixed": ({}, {"--enable-mixed-chunk": ""}),
+        "half": ({}, {"--chunked-prefill-size": str(int(chunk) // 2)}),
+        "stock384": ({}, {"--swa-prefix-tails": "384"}),
+        "swapool": ({}, {"--swa-full-tokens-ratio": SWAPOOL_RATIO}),
+        "thin128": ({"DSV41_SWA_THIN": "1"}, {}),
+        "thin384": ({"DSV41_SWA_THIN": "1"}, {"--swa-prefix-tails": "384"}),
+    }
+    out = {}
+    for name in names:
+        if name not in KNOB_LINES:
+            raise ValueError(f"unknown line {name!r} (have {', '.join(KNOB_LINES)})")
+        if name in ("stock", "line"):
+            base = stock if name == "stock" else line
+            out[name] = {"keys": dict(base["keys"]), "args": dict(base["args"]), "change": KNOB_LINES[name]}
+            continue
+        keys, args = one_change[name]
+        out[name] = {"keys": {**stock["keys"], **keys}, "args": {**stock["args"], **args},
+                     "change": KNOB_LINES[name]}
+    return out
+
+
+def session_full_tokens(prompt_tokens: int, page: int = 1) -> int:
+    """Full-pool tokens a resumed session holds: its resumed prompt, in whole pages."""
+    return -(-int(prompt_tokens) // page) * page
 
 
 # --- the trace, in the client's formats ----------------------------------------------------------
@@ -741,13 +834,29 @@ def compare_outputs(reference: dict, other: dict) -> dict:
 
 
 _POOL_RE = re.compile(r"swa size: (\d+), full size: (\d+)")
+# The DeepSeek-V4 pool configurator's own lines (pool_configurator.py): the sizes it chose and how.
+_DSV4_POOL_RE = re.compile(r"DSV4 pool sizes: full=(\d+), swa=(\d+)")
+_DSV4_CAP_RE = re.compile(r"DSV4 SWA sizing: mode=cap, swa_tokens=(\d+), .*prefix_tails=(\d+)")
+_DSV4_RATIO_RE = re.compile(r"DSV4 SWA sizing: mode=ratio \((\w+)\), swa_tokens=(\d+), swa_full_tokens_ratio=([\d.]+)")
 
 
 def pool_sizes(logs: dict) -> Optional[dict]:
+    """{"swa": slots, "full": tokens} as the engine logged them; on DeepSeek-V4 also how the SWA
+    pool was sized: "mode" "cap" (+ "tails": --swa-prefix-tails) or "ratio (explicit|default)"
+    (+ "ratio")."""
     for text in logs.values():
         m = _POOL_RE.search(text)
         if m:
             return {"swa": int(m.group(1)), "full": int(m.group(2))}
+        m = _DSV4_POOL_RE.search(text)
+        if m:
+            out = {"swa": int(m.group(2)), "full": int(m.group(1))}
+            cap, ratio = _DSV4_CAP_RE.search(text), _DSV4_RATIO_RE.search(text)
+            if cap:
+                out.update(mode="cap", tails=int(cap.group(2)))
+            elif ratio:
+                out.update(mode=f"ratio ({ratio.group(1)})", ratio=float(ratio.group(3)))
+            return out
     return None
 
 

@@ -21,6 +21,9 @@ then runs the next sitecustomize on sys.path: the repo's own, exactly as product
   8. DSV41CPU_DSV4=1 (model="dsv4"): the DeepSeek-V4 stand-ins for the GPU kernels, rebound in
      each engine module as it imports, the GB10 (SM120) platform, and the engine's CPU fp8-KV
      refusal lifted for the V4 pool only (adapter/cpu/dsv4/).
+  9. DSV41CPU_FREE_MEMORY_MB=<MB> / DSV41CPU_DSV4_CAP_SIZING=1 (benches only): a fixed KV budget
+     for the engine's own pool sizing, and its cap-mode SWA sizing on the tiny V4 model
+     (adapter/cpu/pool_budget.py).
 Failures end the process loudly: `site` would swallow them.
 """
 import os
@@ -72,6 +75,14 @@ def _arm():
         from adapter.cpu import dsv4
 
         dsv4.install()
+    if os.environ.get("DSV41CPU_FREE_MEMORY_MB") or os.environ.get("DSV41CPU_DSV4_CAP_SIZING") == "1":
+        from adapter.cpu import pool_budget
+
+        if os.environ.get(pool_budget.FREE_MEMORY_ENV):
+            pool_budget.free_memory_bytes()     # a bad value ends the process here
+            wrapt.register_post_import_hook(pool_budget.apply_free_memory, pool_budget.MEMORY_MODULE)
+        if os.environ.get(pool_budget.CAP_SIZING_ENV) == "1":
+            wrapt.register_post_import_hook(pool_budget.apply_cap_sizing, pool_budget.OVERRIDE_MODULE)
     for name in filter(None, os.environ.get("DSV41CPU_WATCH_IMPORTS", "").split(",")):
         wrapt.register_post_import_hook(_report_import, name)
 
