@@ -131,7 +131,7 @@ def test_digest_is_of_loadability_not_of_the_per_rank_file(engine, install_adapt
 
     state = install_adapters({"DSV41_AUTOTUNE_KEEP": "1"})["autotune_keep"]
     assert (state.status, state.pin_ok) == ("installed", True), state.detail
-    assert "24 volatile keys" in state.detail     # 19 DSV41_* (DSV41_DECODE_YIELD_MODEL, the guards and their bounds, swan's self-check, the test switches too) + 5 others
+    assert "25 volatile keys" in state.detail     # 20 DSV41_* (DSV41_DECODE_YIELD_MODEL and _ONLINE, the guards and their bounds, swan's self-check, the test switches too) + 5 others
     for p in paths:
         keep.write_sidecar(p, keep.launch())
     wrapped = [engine._autotune_cache_digest(p, sim.STAMP) for p in paths]

@@ -14,14 +14,16 @@ def _by_name(result):
 def test_control_to_production_lists_v264_keys_volatile_and_tails_as_retune():
     result = profile_diff.diff(profile.load_line(PROFILE, "control"), profile.load_line(PROFILE, "production"))
     changes = _by_name(result)
-    assert set(changes) == {"DSV41_INPUT_GUARD", "DSV41_ADMIN_GUARD", "DSV41_SWA_NATIVE_DECODE", "DSV41_DECODE_YIELD", "DSV41_SWA_THIN",
+    assert set(changes) == {"DSV41_INPUT_GUARD", "DSV41_ADMIN_GUARD", "DSV41_SWA_NATIVE_DECODE", "DSV41_DECODE_YIELD",
+                            "DSV41_DECODE_YIELD_ONLINE", "DSV41_SWA_THIN",
                             "DSV41_SWA_CONE_REPLAY", "DSV41_SWA_CONE_TOKENS", "--swa-prefix-tails"}
     assert all(changes[k]["volatile"] for k in changes if k.startswith("DSV41_"))
     assert not changes["--swa-prefix-tails"]["volatile"]
     assert result["retunes"]                       # the tails argument re-tunes once
     assert "--swa-prefix-tails 128" in changes["DSV41_SWA_THIN"]["rollback"]
     line = changes["DSV41_DECODE_YIELD"]["rollback_line"]
-    assert "DSV41_DECODE_YIELD" not in line and "DSV41_SWA_THIN=1" in line
+    # the word deleted (DSV41_DECODE_YIELD_ONLINE stays: without the yield it does nothing)
+    assert "DSV41_DECODE_YIELD=" not in line and "DSV41_SWA_THIN=1" in line
 
 
 def test_volatile_only_change_keeps_tactics():
