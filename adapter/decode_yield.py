@@ -271,6 +271,9 @@ class OnlineScales:
                 max(step_us * self.step[0] // self.step[1], 1))
 
 
+_ZERO = (0, 0, 0.0)        # engine_timing() of an engine that has timed nothing yet
+
+
 def since(start, now) -> list:
     """[prefill busy us, mean timed decode step us] between two engine_timing() snapshots of this
     rank (0 = none; either snapshot None: both 0)."""
@@ -281,17 +284,12 @@ def since(start, now) -> list:
 
 
 def readings(boot, start, now) -> list:
-    """This rank's readings of the engine's step counters (engine_timing() snapshots; None: all
-    zero), integer microseconds, 0 = none: [prefill busy in the window, mean timed decode step in
-    the window, prefill busy since the calibration began, mean timed decode step since then]."""
+    """This rank's readings of the engine's step counters, integer microseconds, 0 = none:
+    [prefill busy in the window, mean timed decode step in the window, prefill busy since the
+    calibration began, mean timed decode step since then] (`boot` / `start` None: from zero)."""
     if now is None:
         return [0, 0, 0, 0]
-
-    def between(a):
-        a = a or (0, 0, 0.0)
-        busy, timed, timed_us = now[0] - a[0], now[1] - a[1], now[2] - a[2]
-        return [max(int(busy), 0), int(timed_us / timed) if timed > 0 and timed_us > 0 else 0]
-    return between(start) + between(boot)
+    return since(start or _ZERO, now) + since(boot or _ZERO, now)
 
 
 def agree(values: list) -> list:

@@ -539,7 +539,9 @@ def test_achieved_share_function():
 # step_x times it: the engine's step counters are fed from that machine's clock, the decisions
 # still see only the model and (with the key) the agreed readings.
 
-def _feed_machine(chunk_x, step_x):
+def _feed_machine(chunk_x, step_x, chunk_us=None):
+    """The engine's step counters fed from a machine whose chunks take chunk_x times the model's
+    time (or `chunk_us(step)`, a cost of another shape) and whose decode steps step_x times it."""
     from sglang.srt.managers.scheduler import _accumulate_decode_moment
 
     def feed(loop):
@@ -548,7 +550,7 @@ def _feed_machine(chunk_x, step_x):
             s.total_prefill_busy_us, s.decode_moment_totals = 0, [0.0] * 6
         cur = trace[-1]
         if cur.kind == "extend":
-            s.total_prefill_busy_us += int(cur.cost_us * chunk_x)
+            s.total_prefill_busy_us += chunk_us(cur) if chunk_us else int(cur.cost_us * chunk_x)
         elif cur.kind == "decode" and len(trace) > 1 and trace[-2].kind == "decode":
             _accumulate_decode_moment(s.decode_moment_totals, len(cur.rids),
                                       int(trace[-2].cost_us * step_x), len(cur.rids))
@@ -606,22 +608,11 @@ def test_online_calibration_lands_the_share_where_the_model_is_off(online_on, ch
 def _feed_quadratic_machine(k_ps=4_500, step_x=1.0):
     """A machine whose chunk cost is attention over the whole context, k·((P + L)² − P²) per
     request (the CPU server's torch_native shape), nothing like the cluster constants' shape
-    (mostly per token): the engine's prefill counter is fed that; decode steps step_x x model."""
-    from sglang.srt.managers.scheduler import _accumulate_decode_moment
-
+    (mostly per token); decode steps step_x x the model's."""
     def chunk_us(st):
         return sum(k_ps * ((p + n) ** 2 - p * p) // 1_000_000 for _, p, n in st.spans)
 
-    def feed(loop):
-        s, trace = loop.s, loop.trace
-        if not hasattr(s, "decode_moment_totals"):
-            s.total_prefill_busy_us, s.decode_moment_totals = 0, [0.0] * 6
-        cur = trace[-1]
-        if cur.kind == "extend":
-            s.total_prefill_busy_us += chunk_us(cur)
-        elif cur.kind == "decode" and len(trace) > 1 and trace[-2].kind == "decode":
-            _accumulate_decode_moment(s.decode_moment_totals, len(cur.rids),
-                                      int(trace[-2].cost_us * step_x), len(cur.rids))
+    feed = _feed_machine(None, step_x, chunk_us)
     feed.chunk_us = chunk_us
     return feed
 

@@ -58,10 +58,19 @@ def adapter_keys(adapter: str) -> dict:
     return {k: v for k, v in PROD_KEYS.items() if k in names}
 
 
+# decode yield alone: its cost model alone, without the production line's online calibration
+# (DSV41_DECODE_YIELD_ONLINE), so its plans are the model's own, deterministic in the scheduler's
+# state: test_e2e_calibrate compares them with the model's planner, test_e2e_effects with the
+# control's chunks. The online plans are the production boots' (test_e2e_effects on dsv4, the
+# canary's achieved share, test_e2e_tp2's two ranks).
+YIELD_ALONE_KEYS = {k: v for k, v in adapter_keys("decode_yield").items()
+                    if k != "DSV41_DECODE_YIELD_ONLINE"}
+
 CONFIGS = {   # name -> (keys, args)
     "stock": ({}, CTRL_ARGS),
     "production": (PROD_KEYS, PROD_ARGS),
-    **{a: (adapter_keys(a), PROD_ARGS) for a in ("decode_yield", "swa_thin", "swa_cone")},
+    "decode_yield": (YIELD_ALONE_KEYS, PROD_ARGS),
+    **{a: (adapter_keys(a), PROD_ARGS) for a in ("swa_thin", "swa_cone")},
     # autotune_keep alone is the control line (its only key): shared with the canary's control.
     "autotune_keep": (CTRL_KEYS, CTRL_ARGS),
     # cone's negative control: the production line with a test-only switch that skips the copy of
@@ -163,7 +172,7 @@ class Boots:
         env, on_server, add = {"DSV41CPU_WATCH_IMPORTS": WATCH}, None, ()
         if keys == canary.model_keys(model, PROD_KEYS)[0]:
             args, on_server = dict(args, **{"--enable-metrics": ""}), _production
-        elif model == "dense" and keys == adapter_keys("decode_yield"):
+        elif model == "dense" and keys == YIELD_ALONE_KEYS:
             # + the calibration traffic; and the metrics-off boot: no flag, but a
             # PROMETHEUS_MULTIPROC_DIR of the session's own (nothing exported, imported, written)
             add = ("calibration",)
