@@ -143,10 +143,16 @@ class Boot:
         self.server = CpuServer(MODEL, keys=keys, args=args, name=name, log_dir=log_dir)
         self.pids: dict[int, str] = {}
 
+    # The processes whose loss takes the server down: the launcher (HTTP + tokenizer manager), the
+    # schedulers and the detokenizer. Other processes titled sglang::* may be short-lived helpers
+    # that end on their own after the boot (one such, with an empty log, ended ~8 s after a boot
+    # in a full run on 2026-12-07 while the server went on answering): their exit is not a death.
+    VITAL = ("sglang::scheduler", "sglang::detokenizer", "sglang::tokenizer")
+
     def start(self) -> "Boot":
         self.server.start()
         self.pids = {pid: role for pid, role in self.server.roles.items()
-                     if pid == self.server.proc.pid or role.startswith("sglang::")}
+                     if pid == self.server.proc.pid or role.startswith(self.VITAL)}
         return self
 
     def dead(self) -> list[str]:
