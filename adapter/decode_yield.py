@@ -315,7 +315,8 @@ class _State:
         self.cand_cost = 0        # that pass's modelled cost
         self.req = None           # armed: the chunked request whose next chunk waits
         self.left = 0             # armed: decode steps still owed before that chunk
-        self.log = None           # per-prompt receipt: [req, chunks, planned, run, early_ends]
+        self.log = None           # per-prompt receipt: [req, chunks, planned, run, early_ends,
+                                  #  chunks capped, online re-plans]
         self.timing = None        # engine_timing() when that prompt's first yield was armed
         self.online = None        # OnlineScales with DSV41_DECODE_YIELD_ONLINE=1
         self.plan = None          # online, armed: [engine_timing() at arming, deferrals done,
@@ -339,15 +340,15 @@ def decisions(scheduler) -> dict:
 
 
 def _flush_log(st: _State, scheduler=None, pct: int = 0, counters=None) -> None:
-    online = ""
-    if st.online is not None and st.log is not None:
-        ol = st.online
-        online = (f"; online scales at its last arming: chunk x{ol.chunk[0] / ol.chunk[1]:.3g}, "
-                  f"decode step x{ol.step[0] / ol.step[1]:.3g}; {st.log[6]} plans redone from "
-                  f"the chunk's measured time (agreed over the TP group)")
     if st.log is None:
         return
-    req, chunks, planned, run, early, capped, _ = st.log
+    req, chunks, planned, run, early, capped, replans = st.log
+    online = ""
+    if st.online is not None:
+        ol = st.online
+        online = (f"; online scales at its last arming: chunk x{ol.chunk[0] / ol.chunk[1]:.3g}, "
+                  f"decode step x{ol.step[0] / ol.step[1]:.3g}; {replans} plans redone from "
+                  f"the chunk's measured time (agreed over the TP group)")
     start, st.log, st.timing = st.timing, None, None
     measured = "achieved share not measured (no engine step timings)"
     if start is not None and scheduler is not None:
@@ -418,9 +419,11 @@ def install(ctx) -> str:
             st.log[5] += plan[5]
 
     def timing_or_none(scheduler):
+        """engine_timing(), or None where the engine keeps no step counters: the line then says
+        "not measured", the online scales keep their value."""
         try:
             return engine_timing(scheduler)
-        except Exception:  # noqa: BLE001 - no counters: no readings (the scales keep their value)
+        except Exception:  # noqa: BLE001 - a reading only; its absence is handled by its readers
             return None
 
     def online_scales(scheduler, st) -> OnlineScales:
@@ -499,10 +502,7 @@ def install(ctx) -> str:
         if st.log is None or st.log[0] is not req:
             _flush_log(st, self, pct, counters)
             st.log = [req, 0, 0, 0, 0, 0, 0]
-            try:
-                st.timing = engine_timing(self)    # measurement only (the line, /metrics)
-            except Exception:  # noqa: BLE001 - no timings: the line says "not measured"
-                st.timing = None
+            st.timing = timing_or_none(self)   # measurement only (the line, /metrics)
         st.log[1] += 1
         counters["chunks_yielded"] += 1
         capped = wanted_steps(pct, cost, step) > MAX_STEPS
@@ -561,7 +561,7 @@ def install(ctx) -> str:
         the TP group: the chunk's own prefill time (it has run: its result is processed by the
         second step after it, with or without the overlap scheduler) and the mean decode step
         the engine has timed since; a reading none has keeps the arming's estimate."""
-        start, done, planned, pass_us, step_us, capped = st.plan
+        start, done, _, pass_us, step_us, _ = st.plan
         chunk_read, step_read = agree(since(start, timing_or_none(self)))
         pass_us, step_us = chunk_read or pass_us, step_read or step_us
         steps = max(yield_steps(pct, pass_us, step_us, self.prefill_decode_interval), done)

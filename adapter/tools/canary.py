@@ -363,6 +363,7 @@ def rank_agreement(run: ConfigRun) -> dict:
 ACHIEVED_RE = re.compile(r"achieved share (\d+\.\d+) \(configured (\d+\.\d+)\) by the engine's "
                          r"step timings: decode (\d+\.\d+) s over \d+ steps, prefill (\d+\.\d+) s")
 CAPPED_RE = re.compile(r"; (\d+) of (\d+) chunks capped at (\d+) steps")
+CHUNKS_RE = re.compile(r"(\d+) chunks yielded")
 SCALES_RE = re.compile(r"online scales at its last arming: chunk x(\S+), decode step x([^;]+);")
 
 
@@ -376,9 +377,10 @@ def yield_shares(run: ConfigRun) -> dict:
     ranks = _ranks(run)
     if ranks:
         lines = run.dsv41_lines("decode_yield", f"sglang::{ranks[0]}")
-    found = [m for m in (ACHIEVED_RE.search(ln) for ln in lines) if m]
+    measured = [(ln, m) for ln, m in ((ln, ACHIEVED_RE.search(ln)) for ln in lines) if m]
+    found = [m for _, m in measured]
     decode, prefill = (sum(float(m.group(k)) for m in found) for k in (3, 4))
-    capped = [m for m in (CAPPED_RE.search(ln) for ln in lines if ACHIEVED_RE.search(ln)) if m]
+    capped = [m for m in (CAPPED_RE.search(ln) for ln, _ in measured) if m]
     return {"configured_share": int(share) / 100 if share else None,
             "achieved_share_engine": round(decode / (decode + prefill), 4) if found and decode + prefill > 0 else None,
             "achieved_share_engine_per_prompt": [float(m.group(1)) for m in found],
@@ -388,10 +390,9 @@ def yield_shares(run: ConfigRun) -> dict:
             # the measured prompts' chunks whose plan the 128-step cap cut (the share falls short
             # there by design) and the online scales of each measured prompt's last plan
             "chunks_capped": sum(int(m.group(1)) for m in capped),
-            "chunks_yielded_measured": sum(int(re.search(r"(\d+) chunks yielded", ln).group(1))
-                                           for ln in lines if ACHIEVED_RE.search(ln)),
+            "chunks_yielded_measured": sum(int(CHUNKS_RE.search(ln).group(1)) for ln, _ in measured),
             "online_scales": [[float(m.group(1)), float(m.group(2))] for m in
-                              (SCALES_RE.search(ln) for ln in lines if ACHIEVED_RE.search(ln)) if m]}
+                              (SCALES_RE.search(ln) for ln, _ in measured) if m]}
 
 
 def yield_line(model: str, eff: dict) -> Optional[str]:

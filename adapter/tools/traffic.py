@@ -61,6 +61,7 @@ def ambiguous_grammar_sampling(max_new_tokens: int) -> dict:
     return {"max_new_tokens": max_new_tokens, "temperature": 0.0, "regex": AMBIGUOUS_REGEX,
             "logit_bias": {str(dense_token("a")): 100.0}}
 
+
 @dataclasses.dataclass
 class Record:
     name: str
