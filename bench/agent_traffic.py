@@ -418,6 +418,14 @@ def knob_aggregate(boots, names, page=1) -> dict:
     by = {n: [b for b in ok if b["label"] == n] for n in names}
     stock = by.get("stock") or []
     ref = stock[0] if stock else None
+    stock_values = [knob_values(b) for b in stock]
+    # each boot against the stock boot of its own round (boots run round by round, the lines in
+    # order), None where that round's stock boot failed
+
+    def round_of(boot) -> int:
+        return (boot["index"] - 1) // len(names)
+
+    round_stock = {round_of(b): v for b, v in zip(stock, stock_values)}
     out = {}
     for name in names:
         bs = by[name]
@@ -434,14 +442,10 @@ def knob_aggregate(boots, names, page=1) -> dict:
                "outputs_vs_stock_boot_1": [at.compare_outputs(ref["outputs_conversations"], b["outputs_conversations"])
                                            for b in bs if b is not ref] if ref else []}
         if stock:
-            sv = [knob_values(b) for b in stock]
-            row["vs_stock"] = {k: ratio(row["median"][k], med([v[k] for v in sv])) for k in per}
-            # each boot against the stock boot of its own round (boots run round by round, the
-            # lines in order), None where that round's stock boot failed
-            round_stock = {(b["index"] - 1) // len(names): knob_values(b) for b in stock}
+            row["vs_stock"] = {k: ratio(row["median"][k], med([v[k] for v in stock_values])) for k in per}
             row["vs_stock_per_round"] = {
-                k: [ratio(v[k], round_stock[(b["index"] - 1) // len(names)][k])
-                    if (b["index"] - 1) // len(names) in round_stock else None for b, v in zip(bs, values)]
+                k: [ratio(v[k], round_stock[round_of(b)][k]) if round_of(b) in round_stock else None
+                    for b, v in zip(bs, values)]
                 for k in per}
         out[name] = row
     return out

@@ -68,15 +68,29 @@ def _child_env(env: dict | None) -> dict:
             "PYTHONPATH": str(REPO_ROOT), **(env or {})}
 
 
+# What every two-rank child starts with: `rank`, `mode`, `out` (its JSON's path) from argv, the
+# gloo group of two joined (`dist`), tests/ importable, `json` and `sys` imported.
+TWO_RANKS_PREAMBLE = r"""
+import json, sys
+import torch.distributed as dist
+
+rank, mode, init, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+sys.path.insert(0, "tests")
+"""
+
+
 def run_two_ranks(code: str, tmp_path, mode: str, env: dict | None = None, timeout=300) -> list:
-    """Run `code` in two child interpreters that form a torch.distributed group of two (gloo, a
-    file rendezvous in tmp_path); each gets argv: rank, mode, init method, output path, and writes
-    its JSON there. Returns both ranks' JSON; fails with both logs when either child fails."""
+    """Run TWO_RANKS_PREAMBLE + `code` in two child interpreters that form a torch.distributed
+    group of two (gloo, a file rendezvous in tmp_path); each gets argv: rank, mode, init method,
+    output path, and writes its JSON there. Returns both ranks' JSON; fails with both logs when
+    either child fails."""
     import json
 
     child_env = _child_env({"OMP_NUM_THREADS": "1", **(env or {})})
     init = f"file://{tmp_path}/rendezvous-{mode}"
     outs = [tmp_path / f"{mode}-rank{r}.json" for r in (0, 1)]
+    code = TWO_RANKS_PREAMBLE + code
     procs = [subprocess.Popen([sys.executable, "-c", code, str(r), mode, init, str(outs[r])],
                               env=child_env, cwd=REPO_ROOT, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for r in (0, 1)]

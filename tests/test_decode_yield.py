@@ -688,13 +688,8 @@ def test_online_scales_adopt_the_window_else_since_boot():
     assert dy.since(None, (400, 6, 240.0)) == dy.since((0, 0, 0.0), None) == [0, 0]
 
 
+# runs after conftest.TWO_RANKS_PREAMBLE (rank, mode, out, dist, tests/ on the path)
 ONLINE_CHILD = r"""
-import json, sys
-import torch.distributed as dist
-
-rank, mode, init, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
-sys.path.insert(0, "tests")
 from adapter.cpu import cpu_engine
 cpu_engine.install_torchvision_shim()
 from adapter import decode_yield as dy, installer, tp_group

@@ -844,14 +844,10 @@ def test_with_sampling_on_every_value_that_killed_stock_got_400_on_the_line():
 
 # --- the grammar verdict over a real gloo group of two processes ---------------------------------
 
+# runs after conftest.TWO_RANKS_PREAMBLE (rank, mode, out, dist, tests/ on the path)
 GRAMMAR_CHILD = r"""
-import json, sys, types
+import types
 import numpy as np
-import torch.distributed as dist
-
-rank, mode, init, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
-sys.path.insert(0, "tests")
 from adapter.cpu import cpu_engine
 cpu_engine.install_torchvision_shim()
 from adapter import input_guard, installer

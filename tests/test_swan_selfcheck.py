@@ -256,19 +256,14 @@ def test_an_error_in_the_check_is_contained_and_the_key_stays_stock(checked, eng
 
 # --- the agreement over a real gloo group of two processes ------------------------------------
 
+# runs after conftest.TWO_RANKS_PREAMBLE (rank, mode, out, dist, tests/ on the path)
 CHILD = r"""
-import json, sys
 import torch
-import torch.distributed as dist
-
-rank, mode, init, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
 
 from adapter import installer, receipts, swan
 from adapter.cpu.dsv4 import flash_mla
 from adapter.swan import selfcheck
 from sglang.kernels.ops.attention import flash_mla_sm120 as m
-sys.path.insert(0, "tests")
 from test_cpu_dsv4_flash_mla import _call
 
 # the engine's flashinfer route with the CPU stand-ins, as the CPU server arms them

@@ -391,25 +391,42 @@ def _one_run(*, stream_ctx: int, prompt: int, chunk: int, interval: int,
             "before_step_us": before_step_us, "idle_steps": sum(st.kind == "idle" for st in during)}
 
 
-def run_ab(share: Optional[int], *, stream_ctx: int = STREAM_CONTEXT, prompt: int = PROMPT_TOKENS,
-           chunk: int = CHUNK, interval: int = INTERVAL, backend: str = "rust") -> dict:
-    """Stock run, then the same loop with DSV41_DECODE_YIELD=share through the installer."""
-    from adapter import installer
+# The cluster's measured figures (SPEC), printed beside every modelled result.
+CLUSTER_FIGURES = {"cadence_stock": 0.080, "cadence_yield": {"33": 0.393, "50": 0.524},
+                   "first_token_ratio": {"33": 1.47, "50": 1.94}}
+
+
+def _engine_loaded():
+    """The engine's scheduler module importable on CPU (the harness's torchvision shim first)."""
     from adapter.cpu import cpu_engine
 
     cpu_engine.install_torchvision_shim()
     import sglang.srt.managers.scheduler  # noqa: F401
 
+
+def _install_yield(share: Optional[int]) -> None:
+    """DSV41_DECODE_YIELD=share through the production installer (share None: the key unset,
+    nothing installed); any other outcome is an error, not a run."""
+    from adapter import installer
+
+    state = installer.install_in_process({} if share is None else {model.KEY: str(share)})[model.NAME]
+    if state.status != ("off" if share is None else "installed"):
+        raise RuntimeError(f"decode_yield: unexpected install state {state.status}: {state.detail}")
+
+
+def run_ab(share: Optional[int], *, stream_ctx: int = STREAM_CONTEXT, prompt: int = PROMPT_TOKENS,
+           chunk: int = CHUNK, interval: int = INTERVAL, backend: str = "rust") -> dict:
+    """Stock run, then the same loop with DSV41_DECODE_YIELD=share through the installer."""
+    from adapter import installer
+
+    _engine_loaded()
     kw = dict(stream_ctx=stream_ctx, prompt=prompt, chunk=chunk, interval=interval,
               backend=backend)
     installer.reset_for_tests()
     stock = _one_run(**kw)
     # the second run goes through the production installer; with the key unset it installs nothing
-    state = installer.install_in_process({} if share is None else {model.KEY: str(share)})[model.NAME]
     try:
-        if state.status != ("off" if share is None else "installed"):
-            raise RuntimeError(f"decode_yield: unexpected install state {state.status}: "
-                               f"{state.detail}")
+        _install_yield(share)
         with_yield = _one_run(**kw)
     finally:
         installer.reset_for_tests()
@@ -421,8 +438,7 @@ def run_ab(share: Optional[int], *, stream_ctx: int = STREAM_CONTEXT, prompt: in
             "setup": {"streams": 2, "stream_context": stream_ctx, "prompt": prompt,
                       "chunk": chunk, "prefill_decode_interval": interval, "page": PAGE,
                       "tree_core": backend},
-            "cluster": {"cadence_stock": 0.080, "cadence_yield": {"33": 0.393, "50": 0.524},
-                        "first_token_ratio": {"33": 1.47, "50": 1.94}}}
+            "cluster": CLUSTER_FIGURES}
 
 
 # --- The engine's own knobs beside the yield (`--alternatives`, issue 43) ------------------------
@@ -465,11 +481,8 @@ def run_alternatives(*, share: Optional[int] = 33, stream_ctx: int = STREAM_CONT
     installer with DSV41_DECODE_YIELD=share; share None leaves that row out). Every row reads the
     same two streams and the same cold prompt; TTFT ratios are against the stock row."""
     from adapter import installer
-    from adapter.cpu import cpu_engine
 
-    cpu_engine.install_torchvision_shim()
-    import sglang.srt.managers.scheduler  # noqa: F401
-
+    _engine_loaded()
     rows = []
     for alt in ALTERNATIVES:
         if (names is not None and alt.name not in names) or (alt.yield_share and share is None):
@@ -482,10 +495,7 @@ def run_alternatives(*, share: Optional[int] = 33, stream_ctx: int = STREAM_CONT
             change = f"{model.KEY}={share}"
         try:
             if alt.yield_share:
-                state = installer.install_in_process({model.KEY: str(share)})[model.NAME]
-                if state.status != "installed":
-                    raise RuntimeError(f"decode_yield: unexpected install state {state.status}: "
-                                       f"{state.detail}")
+                _install_yield(share)
             else:
                 installer.reset_for_tests()
             run = _one_run(stream_ctx=stream_ctx, prompt=prompt, chunk=run_chunk,
@@ -517,8 +527,7 @@ def run_alternatives(*, share: Optional[int] = 33, stream_ctx: int = STREAM_CONT
                       "page": PAGE, "tree_core": backend,
                       "clock": "adapter/decode_yield.py cluster constants " + model.CLUSTER.value()},
             "mixed_chunk_pricing": MIXED_PRICING,
-            "cluster": {"cadence_stock": 0.080, "cadence_yield": {"33": 0.393, "50": 0.524},
-                        "first_token_ratio": {"33": 1.47, "50": 1.94}}}
+            "cluster": CLUSTER_FIGURES}
 
 
 def print_alternatives(result: dict) -> None:

@@ -109,6 +109,18 @@ def _calibration(full_at_128: int = 4_997_632, full_at_384: int = 3_444_224):
     return bytes_per_full, bytes_per_swa, available
 
 
+def _pool_sizes(c, bytes_per_full: float, bytes_per_swa: float, available: float):
+    """The engine's calculate_pool_sizes of configurator `c` with these per-token byte costs (its
+    progress print silenced)."""
+    import contextlib
+    import io
+
+    c.bytes_per_swa_token = bytes_per_swa
+    c.bytes_per_full_token = bytes_per_full
+    with contextlib.redirect_stdout(io.StringIO()):
+        return c.calculate_pool_sizes(available, PAGE)
+
+
 @functools.lru_cache(maxsize=None)
 def ratio_pool(swa_ratio: float) -> dict:
     """SWA slots and full tokens with --swa-full-tokens-ratio set, on the same calibrated memory
@@ -118,19 +130,14 @@ def ratio_pool(swa_ratio: float) -> dict:
     full tokens. `tails_equivalent`: how many (window + page) tails the SWA pool holds beyond the
     engine's running-request cap (`compute_swa_request_cap`), to compare with --swa-prefix-tails.
     """
-    import contextlib
-    import io
-
     from sglang.srt.model_executor.pool_configurator import compute_swa_request_cap
 
     bytes_per_full, bytes_per_swa, available = _calibration()
     c = _configurator(0, swa_ratio)
     if c.swa_cap_tokens is not None:
         raise RuntimeError("ratio sizing expected: the engine kept the tails-based SWA cap")
-    c.bytes_per_swa_token = bytes_per_swa
-    c.bytes_per_full_token = c._get_bytes_per_full_token() + bytes_per_full
-    with contextlib.redirect_stdout(io.StringIO()):
-        cfg = c.calculate_pool_sizes(available, PAGE)
+    c.bytes_per_swa_token = bytes_per_swa       # read by _get_bytes_per_full_token in ratio mode
+    cfg = _pool_sizes(c, c._get_bytes_per_full_token() + bytes_per_full, bytes_per_swa, available)
     cap = compute_swa_request_cap(page_size=PAGE, window=WINDOW, attn_dp_size=1)
     swa = cfg.swa_max_total_num_tokens
     return {"swa_full_tokens_ratio": swa_ratio, "swa_slots": swa,
@@ -149,18 +156,11 @@ def pool_table(full_at_128: int = 4_997_632, full_at_384: int = 3_444_224):
     is calibrated, with the available bytes, from SPEC's 128- and 384-tail full pools; 256 tails
     is then a prediction of the engine's formula.
     """
-    import contextlib
-    import io
-
     bytes_per_full, bytes_per_swa, available = _calibration(full_at_128, full_at_384)
     ratio = bytes_per_swa / bytes_per_full
     rows = []
     for tails in (128, 256, 384):
-        c = _configurator(tails)
-        c.bytes_per_swa_token = bytes_per_swa
-        c.bytes_per_full_token = bytes_per_full
-        with contextlib.redirect_stdout(io.StringIO()):
-            cfg = c.calculate_pool_sizes(available, PAGE)
+        cfg = _pool_sizes(_configurator(tails), bytes_per_full, bytes_per_swa, available)
         rows.append({"tails": tails, "swa_slots": cfg.swa_max_total_num_tokens,
                      "full_tokens": cfg.full_max_total_num_tokens,
                      "spec_swa_slots": SPEC_SWA.get(tails), "spec_full_tokens": SPEC_FULL.get(tails),
