@@ -80,6 +80,8 @@ SERIES = {
     "dsv41_swa_cone_plans_dropped": ("Replay plans removed before their first pass ran", ()),
     "dsv41_swa_cone_replays_aborted": ("Planned requests failed (HTTP 503): their replay could "
                                        "not be prepared exactly", ()),
+    "dsv41_swa_cone_first_pass_cut_at_f": ("First passes cut to end at F beside the engine's "
+                                           "decoder SWA bounded replay", ()),
     "dsv41_autotune_keep_kept": ("Autotune caches kept: loadable on every rank", ()),
     "dsv41_autotune_keep_deleted": ("Autotune caches deleted before the rank exchange, by kind; "
                                     "the rank re-tunes", ("kind",)),
@@ -134,6 +136,7 @@ KEYS = {
         "copies": ("dsv41_swa_cone_copies", ()),
         "plans_dropped": ("dsv41_swa_cone_plans_dropped", ()),
         "replays_aborted": ("dsv41_swa_cone_replays_aborted", ()),
+        "first_pass_cut_at_F": ("dsv41_swa_cone_first_pass_cut_at_f", ()),
     },
     "autotune_keep": {
         "kept": ("dsv41_autotune_keep_kept", ()),

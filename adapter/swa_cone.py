@@ -24,10 +24,20 @@ Forward side (model worker, same process):
   (paged SWA path).
 Cone plans only where that forward side will run (`forward_side()`: the dsv4 prefill backend off
 HIP and NPU, from the published server arguments); anywhere else a lost resume point gets the
-fallback line and the stock match; so does every lost resume point while the engine's own SWA
-bounded replay is in effect (`engine_replay()`: --enable-decoder-swa-bounded-replay or
---enable-encoder-swa-bounded-replay, resolved; cone is not shown correct beside either). Every decision reads replicated state only (server arguments, tree,
-request, budgets): all TP ranks plan alike. DSV41_SWA_CONE_TEST=1 (test only) re-reads each copy and checks it byte for byte.
+fallback line and the stock match; so does every lost resume point while the engine's encoder SWA
+bounded replay is in effect (`engine_replay()`: --enable-encoder-swa-bounded-replay, resolved: it
+caches no SWA window and folds its own replay rows into the compress rows cone masks).
+Beside the engine's decoder SWA bounded replay (--enable-decoder-swa-bounded-replay, which the
+engine resolves on for DeepSeek-V4.1 on CUDA: the cluster's line) cone acts. Under that flag the
+layers from the last KV-source layer on run over each pass's last 128 rows only, with their window
+floored at the pass's end - 128, so what rows >= F compute depends on where the passes end. A hit
+at F runs passes [F, F + chunk), ...; so cone's first pass ends exactly at F (`select_admission`
+cuts it there, the engine's own chunk split: the replay alone) unless it is the request's only
+pass (then both end at L). With N = the chunk (production: 8192 and 8192) the cut never moves
+anything. The engine's match limit under the flag (the last 128 prompt tokens always re-prefill)
+keeps F <= L - 128, so the last pass's tail rows are all >= F (docs/swa_cone.md, "Beside the
+engine's decoder bounded replay"). Every decision reads replicated state only (server arguments,
+tree, request, budgets): all TP ranks plan alike. DSV41_SWA_CONE_TEST=1 (test only) re-reads each copy and checks it byte for byte.
 Negative controls (test only, never in a profile; install and every replay say so loudly):
 DSV41_SWA_CONE_TEST_NO_COPY=1 plans, masks and floors as usual but skips the copy (the replay rows'
 pages keep stale latents / index keys); DSV41_SWA_CONE_TEST_NO_FLOOR=1 copies and masks but sets
@@ -82,6 +92,8 @@ COUNTERS = {
                      "failed (replays_aborted)",
     "replays_aborted": "planned requests failed with HTTP 503 because their replay could not be "
                        "prepared exactly (copy, mask or floor failed, on any TP rank)",
+    "first_pass_cut_at_F": "first passes cut to end at F beside the engine's decoder SWA bounded "
+                           "replay (so later passes fall where a hit at F puts them)",
 }
 NO_FLOOR_KEY = "DSV41_SWA_CONE_TEST_NO_FLOOR"   # test only: negative control, no window floor
 NO_COPY_KEY = "DSV41_SWA_CONE_TEST_NO_COPY"     # test only: negative control, no copy
@@ -164,9 +176,9 @@ class Cone:
             return None
         engine_flag = engine_replay()
         if engine_flag is not None:
-            receipts.fallback(ADAPTER, f"the engine's {engine_flag} is on: cone is not shown "
-                                       "correct beside the engine's own SWA bounded replay "
-                                       "(docs/swa_cone.md); stock match kept")
+            receipts.fallback(ADAPTER, f"the engine's {engine_flag} is on: it caches no SWA "
+                                       "window and folds its own replay rows into the compress "
+                                       "rows cone masks (docs/swa_cone.md); stock match kept")
             return None
         if result.host_hit_length or result.swa_host_hit_length:
             receipts.fallback(ADAPTER, "host (HiCache) hit on the match; stock match kept")
@@ -267,6 +279,9 @@ class Cone:
             return admission            # no shape this round (budget); add_one_req restores
         try:
             end = admission.prefix_len + admission.extend_len
+            if end > cand.F and admission.is_chunked and decoder_replay():
+                admission = self._end_first_pass_at_F(admission, cand)
+                end = cand.F
         except Exception as exc:  # noqa: BLE001 - cone's own logic only: the shape stands
             _contained("admission shape", exc)
             return admission
@@ -280,6 +295,14 @@ class Cone:
         kwargs["host_hit_length"] = req.host_hit_length
         kwargs["swa_host_hit_length"] = req.swa_host_hit_length
         return original(adder, req, *args, **kwargs)
+
+    def _end_first_pass_at_F(self, admission, cand: Candidate):
+        """Beside the engine's decoder SWA bounded replay: a first pass that is not the request's
+        last ends at F, so every later pass (and the late layers' 128-row tail at its end) falls
+        where a prefix hit at F puts it. The engine's own chunked shape, shorter: the budget it
+        checked covers it. A single pass ([s, L)) ends where a hit's does and is left whole."""
+        self.counters["first_pass_cut_at_F"] += 1
+        return dataclasses.replace(admission, extend_len=cand.F - cand.s, is_chunked=True, max_new_tokens=0)
 
     def _commit(self, tree, req, cand: Candidate, root) -> None:
         import torch
@@ -515,21 +538,18 @@ def forward_side() -> Optional[str]:
     return None
 
 
-# The engine's own SWA bounded replay (DeepSeek-V4.1): ExecFeatures field -> launch flag.
-ENGINE_REPLAY_FLAGS = (("enable_decoder_swa_bounded_replay", "--enable-decoder-swa-bounded-replay"),
-                       ("enable_encoder_swa_bounded_replay", "--enable-encoder-swa-bounded-replay"))
+# The engine's own SWA bounded replays (DeepSeek-V4.1): ExecFeatures field -> launch flag. Cone
+# declines beside the encoder one and acts beside the decoder one (module docstring).
+ENGINE_REPLAY_FLAGS = (("enable_encoder_swa_bounded_replay", "--enable-encoder-swa-bounded-replay"),)
+DECODER_REPLAY = ("enable_decoder_swa_bounded_replay", "--enable-decoder-swa-bounded-replay")
 
 
 def engine_replay() -> Optional[str]:
-    """The launch flag of the engine's own SWA bounded replay in effect, or None.
+    """The launch flag of an engine SWA bounded replay that cone declines beside, or None.
 
-    Cone is not shown correct beside either (docs/swa_cone.md, "Beside the engine's bounded
-    replay"): the decoder flag runs the late layers over each pass's last 128 rows only and
-    re-prefills a window in front of every hit, the encoder flag caches no SWA window at all and
-    folds its own replay rows into the compress rows cone masks. Neither runs on the CPU harness,
-    so with either in effect a lost resume point keeps the stock match. Read from the resolved
-    server arguments (`get_exec().features`: the decoder flag's default is resolved there, on
-    for DeepSeek-V4.1 on CUDA), which every TP rank has alike."""
+    The encoder flag caches no SWA window at all and folds its own replay rows into the compress
+    rows cone masks (docs/swa_cone.md, "Beside the engine's bounded replay"). Read from the
+    resolved server arguments (`get_exec().features`), which every TP rank has alike."""
     from sglang.srt.runtime_context import get_exec
 
     features = get_exec().features
@@ -537,6 +557,14 @@ def engine_replay() -> Optional[str]:
         if getattr(features, field):
             return flag
     return None
+
+
+def decoder_replay() -> bool:
+    """Whether the engine's decoder SWA bounded replay is in effect (resolved: on by default
+    for DeepSeek-V4.1 on CUDA). Cone then ends a first pass that is not the last at F."""
+    from sglang.srt.runtime_context import get_exec
+
+    return bool(getattr(get_exec().features, DECODER_REPLAY[0]))
 
 
 def _contained(step: str, exc: BaseException) -> None:

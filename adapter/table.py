@@ -176,9 +176,8 @@ HOOKS: tuple[Hook, ...] = (
         "sglang.srt.layers.attention.attention_registry:_is_hip",
         "sglang.srt.layers.attention.attention_registry:_is_npu",
         f"{_RC}:attention_backends",
-        # the engine's own SWA bounded replay in effect: cone declines (swa_cone.engine_replay)
+        # the engine's encoder SWA bounded replay in effect: cone declines (swa_cone.engine_replay)
         f"{_RC}:get_exec",
-        "sglang.srt.arg_groups.fields.exec_:ExecFeatures.enable_decoder_swa_bounded_replay",
         "sglang.srt.arg_groups.fields.exec_:ExecFeatures.enable_encoder_swa_bounded_replay")),
     Hook("swa_cone", _POLICY, "PrefillAdder.add_one_req", touches=(
         f"{_POLICY}:PrefillAdder.can_run_list", f"{_POLICY}:PrefillAdder.tree_cache",
@@ -194,7 +193,17 @@ HOOKS: tuple[Hook, ...] = (
         "SchedulerBatchResultProcessor.process_batch_result_prefill",
         "sglang.srt.mem_cache.common:checkpoint_kv_cache",
         "sglang.srt.mem_cache.common:release_kv_cache")),
-    Hook("swa_cone", _POLICY, "PrefillAdder._select_prefill_admission"),
+    # beside the engine's decoder SWA bounded replay (swa_cone.decoder_replay) a first pass that
+    # is not the last is cut to end at F; exact because the late-layer tail's rows and window
+    # floor follow each pass's end (late_layer_tail_layout, the tail metadata) and the match
+    # limit keeps the last 128 prompt tokens out of every hit (_req_radix_key)
+    Hook("swa_cone", _POLICY, "PrefillAdder._select_prefill_admission", touches=(
+        f"{_POLICY}:_PrefillAdmission",
+        "sglang.srt.arg_groups.fields.exec_:ExecFeatures.enable_decoder_swa_bounded_replay",
+        "sglang.kernels.ops.attention.dsv4.attn_metadata_kernels:late_layer_tail_layout",
+        f"{_DSV4}:DeepseekV4AttnBackend._build_late_layer_tail_metadata",
+        "sglang.srt.mem_cache.common:_req_radix_key",
+        f"{_URC}:UnifiedRadixCache.swa_reprefill_tail_tokens")),
     Hook("swa_cone", _DSV4, "DeepseekV4AttnBackend._build_forward_metadata", touches=(
         f"{_DSV4}:DeepseekV4AttnBackend._compressor_out_loc",   # sends masked rows to slot 0
         f"{_FB}:ForwardBatch.encoder_swa_compress_rows", f"{_FB}:ForwardBatch.encoder_swa_row_floor",

@@ -22,10 +22,12 @@ def _cone_env(tokens=N):
     return {"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_TOKENS": str(tokens)}
 
 
-def _setup(backend, *, evict=True, chunk=CHUNK, attention_backend="dsv4", server_args=None):
+def _setup(backend, *, evict=True, chunk=CHUNK, attention_backend="dsv4", server_args=None,
+           **cache_params):
     from adapter.tools.sims.swa_cone import Driver, build
 
-    cpu = build(60_000, 4096, backend, attention_backend=attention_backend, server_args=server_args)
+    cpu = build(60_000, 4096, backend, attention_backend=attention_backend, server_args=server_args,
+                **cache_params)
     drv = Driver(cpu, chunk=chunk)
     doc = list(range(1, DOC + 1))
     drv.prefill(doc, output_tokens=[7] * 40)
@@ -201,12 +203,12 @@ def test_no_plan_where_the_dsv4_forward_side_cannot_run(install_adapters, caplog
         "kept (logged once)")
 
 
-@pytest.mark.parametrize("flag", ["--enable-decoder-swa-bounded-replay",
-                                  "--enable-encoder-swa-bounded-replay"])
-def test_no_plan_beside_the_engines_own_swa_bounded_replay(install_adapters, caplog, flag):
-    """Issue 43: with the engine's own SWA bounded replay in effect (the real ServerArgs field,
-    published as the engine publishes it) cone is not shown correct, so a lost resume point keeps
-    the stock match: one fallback line naming the flag, counted per lost resume point."""
+def test_no_plan_beside_the_engines_encoder_swa_bounded_replay(install_adapters, caplog):
+    """With the engine's encoder SWA bounded replay in effect (the real ServerArgs field, published
+    as the engine publishes it) the cache keeps no SWA window and the engine folds its own replay
+    rows into the compress rows cone masks, so a lost resume point keeps the stock match: one
+    fallback line naming the flag, counted per lost resume point."""
+    flag = "--enable-encoder-swa-bounded-replay"
     receipts.forget("swa_cone")
     status = install_adapters(_cone_env())
     assert status["swa_cone"].status == "installed", status["swa_cone"].detail
@@ -226,11 +228,57 @@ def test_no_plan_beside_the_engines_own_swa_bounded_replay(install_adapters, cap
     assert not [m for m in messages if " plan " in m]
     fallbacks = [m for m in messages if "swa_cone fallback" in m]
     assert len(fallbacks) == 1 and fallbacks[0].endswith(
-        f"swa_cone fallback: the engine's {flag} is on: cone is not shown correct beside the "
-        "engine's own SWA bounded replay (docs/swa_cone.md); stock match kept (logged once)"), fallbacks
+        f"swa_cone fallback: the engine's {flag} is on: it caches no SWA window and folds its own "
+        "replay rows into the compress rows cone masks (docs/swa_cone.md); stock match kept "
+        "(logged once)"), fallbacks
     counted = {k: v for k, v in receipts.counters["swa_cone"].items() if flag in k}
     assert list(counted.values()) == [2]
     assert receipts.counters["swa_cone"]["candidates"] == 0
+
+
+@pytest.mark.parametrize("chunk,cut", [(CHUNK, True), (N, False)])
+def test_beside_the_engines_decoder_swa_bounded_replay_the_first_pass_ends_at_F(
+        install_adapters, caplog, chunk, cut):
+    """Issue 48: the engine resolves --enable-decoder-swa-bounded-replay on for DeepSeek-V4.1 on
+    CUDA (the cluster's line). Cone plans beside it (the decline is gone), and a first pass that is
+    not the request's last ends exactly at F, so the later passes (and the late layers' 128-row
+    tail at each pass's end) fall where a prefix hit at F puts them. With N equal to the chunk
+    (production: 8192 and 8192) nothing is cut."""
+    receipts.forget("swa_cone")
+    install_adapters(_cone_env())
+    cpu, drv, prompt = _setup("python", chunk=chunk,
+                              server_args={"enable_decoder_swa_bounded_replay": True},
+                              decoder_swa_bounded_replay=True)
+    assert cpu.cache.swa_reprefill_tail_tokens(None) == 128      # the engine's match limit is on
+    req = _arrive(drv, prompt)
+    F = _full_resident_end(cpu, prompt)
+    assert F - req.prefix_len > N
+    adder = drv.adder()
+    with caplog.at_level(logging.INFO, logger="sglang.dsv41"):
+        adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+    assert req in adder.can_run_list
+    assert receipts.counters["swa_cone"]["plans"] == 1
+    assert req.prefix_len == F - N
+    assert req.extend_end == F                       # the replay alone: the pass ends at F
+    assert adder.new_chunked_req is req              # the engine chunks the rest from F on
+    assert receipts.counters["swa_cone"]["first_pass_cut_at_F"] == (1 if cut else 0)
+    assert not [r for r in caplog.records if "swa_cone fallback" in r.getMessage()]
+
+
+def test_beside_the_decoder_replay_a_single_pass_is_left_whole(install_adapters):
+    """A first pass that is the request's only one ends at L, as a prefix hit at F's does: it is
+    not cut (the cut would only add a pass)."""
+    receipts.forget("swa_cone")
+    install_adapters(_cone_env())
+    cpu, drv, prompt = _setup("python", chunk=8192,
+                              server_args={"enable_decoder_swa_bounded_replay": True},
+                              decoder_swa_bounded_replay=True)
+    req = _arrive(drv, prompt)
+    adder = drv.adder()
+    adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+    assert receipts.counters["swa_cone"]["plans"] == 1
+    assert req.extend_end == len(prompt) and adder.new_chunked_req is None
+    assert receipts.counters["swa_cone"]["first_pass_cut_at_F"] == 0
 
 
 def swa_cone_state_plans():

@@ -121,14 +121,14 @@ def _finished():
 
 
 def build(full_tokens: int, swa_tokens: int, backend: str, attention_backend: str = "dsv4",
-          server_args: dict | None = None):
+          server_args: dict | None = None, **cache_params):
     from adapter.cpu import cpu_engine
 
     return cpu_engine.build_swa_cache(full_tokens=full_tokens, swa_tokens=swa_tokens,
                                       page_size=PAGE, window=WINDOW, backend=backend,
                                       req_slots=8, max_context_len=full_tokens,
                                       chunked_prefill_size=CHUNK, attention_backend=attention_backend,
-                                      server_args=server_args)
+                                      server_args=server_args, **cache_params)
 
 
 def scenario(*, doc_tokens=300_000, prompts=800, prompt_tokens=1024, tail_tokens=2048,
