@@ -26,6 +26,15 @@ def test_production_line_installs_every_enabled_adapter_once():
     # install receipt too (the module where CUDA is: tests/test_swan_twin.py)
     assert rows["swan"]["kernel"] == "CPU twin"
     assert "; kernel CPU twin (no CUDA in this process" in rows["swan"]["reason"]
+    # issue 48: what the engine resolves for DeepSeek-V4.1 on the cluster, and each adapter's
+    # verdict there: the decoder SWA bounded replay resolves on by the engine's own default, and
+    # every enabled adapter of the line acts beside it (cone included)
+    cluster = rows["swan"]["cluster"]
+    assert cluster["model_type"] == "deepseek_v41" and cluster["platform"].startswith("CUDA")
+    assert cluster["enable_decoder_swa_bounded_replay"] is True
+    assert cluster["decoder_replay_set_on_line"] is False and "error" not in cluster
+    assert all(row["on_cluster"]["acts"] for row in rows.values()), rows
+    assert "decoder SWA bounded replay" in rows["swa_cone"]["on_cluster"]["why"]
 
 
 def test_control_line_installs_only_autotune_keep(tmp_path):

@@ -61,6 +61,7 @@ def run(line: Line) -> tuple[int, list[dict], str]:
     states, entry, entry_path = report.get("adapters", {}), report.get("entry"), report.get("entry_path")
     swan_kernel = report.get("swan_kernel")
     admin = report.get("admin_exposure")
+    cluster_resolved = report.get("cluster") or {}
     rows = []
     for name in ADAPTERS:
         state = states.get(name)
@@ -82,7 +83,19 @@ def run(line: Line) -> tuple[int, list[dict], str]:
             # the line's admin routes, as a client without a key finds them (open, closed by
             # admin_guard or the engine, keyed): adapter/admin_guard.py exposure()
             rows[-1]["admin_exposure"] = admin
+    attach_cluster(rows, cluster_resolved, line.env)
     return proc.returncode, rows, proc.stderr
+
+
+def attach_cluster(rows: list[dict], resolved: dict, env) -> None:
+    """Each enabled row's verdict for DeepSeek-V4.1 on the cluster (`on_cluster`: {"acts", "why"}),
+    and the engine's resolution it rests on (`cluster`, on every row): adapter/tools/cluster.py."""
+    from adapter.tools import cluster
+
+    verdict = cluster.verdicts(resolved, env, {r["adapter"]: r["enabled"] for r in rows}) if resolved else {}
+    for r in rows:
+        r["cluster"] = resolved or None
+        r["on_cluster"] = verdict.get(r["adapter"])
 
 
 def out_written(report: dict) -> bool:
@@ -145,7 +158,22 @@ def format_table(rows: list[dict]) -> str:
     admin = next((r.get("admin_exposure") for r in rows if r["adapter"] == "admin_guard"), None)
     if admin:
         lines.append(format_exposure(admin))
+    lines += format_cluster(rows)
     return "\n".join(lines)
+
+
+def format_cluster(rows: list[dict]) -> list[str]:
+    from adapter.tools import cluster
+
+    resolved = next((r.get("cluster") for r in rows if r.get("cluster")), None)
+    verdict = {r["adapter"]: r["on_cluster"] for r in rows if r.get("on_cluster")}
+    return cluster.format_lines(resolved or {}, verdict)
+
+
+def act_on_cluster(rows: list[dict]) -> tuple[int, int]:
+    """(enabled adapters that act on the cluster, enabled adapters with a verdict)."""
+    judged = [r["on_cluster"] for r in rows if r["enabled"] and r.get("on_cluster")]
+    return sum(v["acts"] for v in judged), len(judged)
 
 
 def format_exposure(admin: dict) -> str:
@@ -204,10 +232,17 @@ def _child(out_path: str) -> int:
     elif entry == locations.PTH_NAME:
         entry_path = str(locations.PACKAGE_PARENT / locations.PTH_NAME)
     admin = _admin_exposure(sys.argv[3:], states.get("admin_guard", {}).get("status") == "installed")
+    try:
+        from adapter.tools import cluster
+
+        resolved = cluster.resolve(sys.argv[3:])
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported, the check goes on
+        resolved = {"error": f"{type(exc).__name__}: {exc}", "platform": "CUDA"}
     router = getattr(sys.modules.get("adapter.swan"), "ROUTER", None)
     pathlib.Path(out_path).write_text(json.dumps({"adapters": states, "entry": entry,
                                                   "entry_path": entry_path,
                                                   "admin_exposure": admin,
+                                                  "cluster": resolved,
                                                   "swan_kernel": router.kernel_name() if router else None}))
     return 0
 

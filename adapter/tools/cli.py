@@ -39,8 +39,10 @@ def cmd_check(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
+        acting, judged = check.act_on_cluster(rows)
         print(f"profile {args.profile} line {args.line}: "
-              f"{sum(r['installed'] for r in rows)} of {sum(r['enabled'] for r in rows)} enabled adapters installed")
+              f"{sum(r['installed'] for r in rows)} of {sum(r['enabled'] for r in rows)} enabled adapters installed"
+              + (f"; {acting} of {judged} act on the cluster (DeepSeek-V4.1, CUDA)" if judged else ""))
         print(check.format_table(rows))
     receipts = [ln for ln in stderr.splitlines() if "[dsv41]" in ln]
     if receipts and not args.json:
