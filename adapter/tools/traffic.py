@@ -23,8 +23,10 @@ import dataclasses
 import functools
 import json
 import random
+import re
 import threading
 import time
+from typing import Optional
 
 import requests
 
@@ -146,11 +148,12 @@ def compare(reference: list[Record], other: list[Record], tol: float = LOGPROB_T
 
 def window_resume(server: CpuServer, doc_tokens: int = 1300, turn_tokens: int = 44,
                   other_tokens: int = 500, others: int = 8, new_tokens: int = 16,
-                  one_batch: bool = False) -> dict:
+                  one_batch: bool = False, hit_reference: bool = False) -> dict:
     """Cache a document, evict its sliding window with concurrent traffic (its full KV stays),
     resume it with a new turn. Needs a small SWA pool (--swa-full-tokens-ratio). one_batch: the
     traffic goes as one /generate with a batch of input_ids (one scheduler message, so every
-    boot admits it in the same rounds: equality_run says why) instead of 4 requests at a time."""
+    boot admits it in the same rounds: equality_run says why) instead of 4 requests at a time.
+    hit_reference: then serve the same prompt as a prefix hit at cone's F (hit_at_plan; "hit")."""
     doc = token_ids(31, doc_tokens)
     cold = _record("doc", doc, server.generate(doc, max_new_tokens=4))
     traffic = [token_ids(40 + i, other_tokens) for i in range(others)]
@@ -161,7 +164,31 @@ def window_resume(server: CpuServer, doc_tokens: int = 1300, turn_tokens: int = 
             list(pool.map(lambda p: server.generate(p, max_new_tokens=4), traffic))
     prompt = doc + token_ids(32, turn_tokens)
     resume = _record("doc+turn", prompt, server.generate(prompt, max_new_tokens=new_tokens))
-    return {"doc": cold, "resume": resume, "prompt_len": len(prompt)}
+    out = {"doc": cold, "resume": resume, "prompt_len": len(prompt)}
+    if hit_reference:
+        out["hit"] = hit_at_plan(server, doc, prompt, new_tokens)
+    return out
+
+
+CONE_PLAN_RE = re.compile(r"\[dsv41\] swa_cone plan request=\S+ F=(\d+) s=(\d+) L=(\d+) ")
+
+
+def hit_at_plan(server: CpuServer, doc: list, prompt: list, new_tokens: int) -> Optional[Record]:
+    """What a prefix hit at cone's F computes for the same prompt, in the same boot (issue 48):
+    the reference for cone's resume beside the engine's decoder SWA bounded replay, whose late
+    layers make a resume's answer depend on where its passes start (docs/swa_cone.md). F is read
+    from the boot's last cone plan line for this prompt's length; the cache is emptied, the
+    document's first F tokens are served (the tree then holds [0, F) with its window at F), and
+    the prompt comes again: a hit at F (its record's cached_tokens says so). None without a plan
+    (a boot without cone: the control)."""
+    plans = [m for text in server.process_logs().values() for m in CONE_PLAN_RE.finditer(text)
+             if int(m.group(3)) == len(prompt)]
+    if not plans:
+        return None
+    F = int(plans[-1].group(1))
+    server.flush_cache(wait_s=30)
+    server.generate(doc[:F], max_new_tokens=1)
+    return _record("doc+turn@F", prompt, server.generate(prompt, max_new_tokens=new_tokens))
 
 
 def idle_session_resume(server: CpuServer, session_tokens: int = 600, agents: int = 4, turns: int = 4,
