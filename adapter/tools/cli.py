@@ -10,6 +10,7 @@ import argparse
 import importlib
 import json
 import sys
+import time
 
 from adapter.tools import exits
 # The line and --cpu-model helpers every command shares (a leaf module: the gate and the canary
@@ -35,16 +36,23 @@ def cmd_check(args) -> int:
     except (OSError, profile.ProfileError, keys.ConfigError) as exc:
         print(f"dsv41 check: {exc}", file=sys.stderr)
         return exits.USAGE
+    progress = not args.json
+    if progress:          # one line while the child boots (it imports the engine: ~10-15 s)
+        print(f"dsv41 check: starting a child Python as a production process of line {args.line!r} "
+              f"(it imports the engine, ~12 s) ...", end="", file=sys.stderr, flush=True)
+    began = time.monotonic()
     code, rows, stderr = check.run(line)
+    if progress:
+        print(f" done in {time.monotonic() - began:.1f} s", file=sys.stderr, flush=True)
+    receipts = check.receipt_lines(stderr)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
         print(f"profile {args.profile} line {args.line}: "
               f"{sum(r['installed'] for r in rows)} of {sum(r['enabled'] for r in rows)} enabled adapters installed")
-        print(check.format_table(rows))
-    receipts = [ln for ln in stderr.splitlines() if "[dsv41]" in ln]
-    if receipts and not args.json:
-        print("\nreceipt lines from the child:\n" + "\n".join(receipts))
+        print(check.format_table(rows, receipts))
+        if receipts:
+            print("\nreceipt lines from the child (each once):\n" + "\n".join(receipts))
     if code != 0:
         print(f"dsv41 check: child exited {code}:\n{stderr[-4000:]}", file=sys.stderr)
     return check.exit_code(code, rows)
@@ -99,16 +107,50 @@ def cmd_keys(args) -> int:
         print(json.dumps(list(names)) if args.json else "\n".join(names))
         return 0
     rows = [{"key": k.name, "adapter": k.adapter, "kind": k.kind, "default": k.default,
-             "range": [k.lo, k.hi], "fields": [list(f) for f in k.fields], "volatile": k.volatile, "test_only": k.test_only, "doc": k.doc}
+             "range": [k.lo, k.hi], "fields": [list(f) for f in k.fields], "volatile": k.volatile,
+             "test_only": k.test_only, "enables": k.enables, "multiple_of": k.multiple_of,
+             "range_text": key_range(k), "doc": k.doc}
             for k in keys.KEYS]
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        for r in rows:
-            print(f"{r['key']:26s} {r['adapter']:14s} {r['kind']:4s} default={r['default']} "
-                  f"{'volatile' if r['volatile'] else 'launch'}{' test-only' if r['test_only'] else ''}"
-                  f"  {r['doc']}")
+        print(format_keys(keys.KEYS))
     return 0
+
+
+def key_range(k) -> str:
+    """A key's accepted values, as `dsv41 keys` prints them."""
+    if k.kind == "flag":
+        return "0/1"
+    if k.kind == "ints":
+        least = k.min_fields or len(k.fields)
+        count = f"{least}" if least == len(k.fields) else f"{least}-{len(k.fields)}"
+        return f"{count} ints"
+    if k.lo is None and k.hi is None:
+        return "int"
+    text = f"{'' if k.lo is None else k.lo}..{'' if k.hi is None else k.hi}"
+    return text + (f" step {k.multiple_of}" if k.multiple_of else "")
+
+
+def format_keys(registry) -> str:
+    """One aligned row per key (widths from the longest cell, so long names keep the columns),
+    its description wrapped under it."""
+    import textwrap
+
+    head = ("key", "adapter", "type", "range", "default", "volatility", "role")
+    body = [(k.name, k.adapter, k.kind, key_range(k), "unset" if k.default is None else str(k.default),
+             "volatile" if k.volatile else "launch",
+             "test-only" if k.test_only else ("on switch" if k.enables else "setting"))
+            for k in registry]
+    widths = [max(len(r[i]) for r in (head, *body)) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(head, widths)).rstrip()]
+    for k, cells in zip(registry, body):
+        lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip())
+        lines.extend(textwrap.wrap(k.doc, width=100, initial_indent="    ", subsequent_indent="    "))
+    lines.append("volatile: left out of autotune_keep's launch fingerprint (toggling it keeps the tuned "
+                 "tactics; launch arguments never are). on switch: setting it turns its adapter on; "
+                 "test-only: on a test line only. Keys are read when a process starts.")
+    return "\n".join(lines)
 
 
 def cmd_sim(args, rest) -> int:

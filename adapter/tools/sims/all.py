@@ -124,7 +124,7 @@ def report(results: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="dsv41 sim all", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="dsv41 sim all", description=__doc__.split("\n\n")[0])
     p.add_argument("--plot", required=True, metavar="DIR", help="where the PNGs and report go")
     p.add_argument("--tails", default="128,256,384", help="swa_thin tails values (comma list)")
     p.add_argument("--shares", default="33,50", help="decode yield shares (comma list)")

@@ -170,7 +170,7 @@ def run(args) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="dsv41 sim cone", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="dsv41 sim cone", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--tokens", type=int, default=8192, help="DSV41_SWA_CONE_TOKENS (default 8192)")
     p.add_argument("--prompts", type=int, default=800, help="distinct 1K prompts (default 800)")
