@@ -203,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="boot both lines as the cluster's topology on this machine: --tp-size N "
                          "over N launch processes (--nnodes N on 127.0.0.1) (default 1)")
     cn.add_argument("--traffic", choices=["canary", "agent"], default="canary",
-                    help="canary: the canary's own scenarios (default); agent: those, then an "
+                    help="canary (default): the canary's own scenarios; agent: those, then an "
                          "agent workload replayed by the engine's own benchmark client "
                          "(sglang.bench_serving: multi-turn sessions, sub-agents, other users' long "
                          "prompts, resumed turns, streams beside a long prefill; smaller than "
@@ -215,8 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
                                            "scheduler log; prints the DSV41_DECODE_YIELD_MODEL value")
     cal.add_argument("what", choices=["yield"], help="what to calibrate (decode yield's cost model)")
     cal.add_argument("--log", action="append", required=True, help="scheduler log (repeatable)")
+    from adapter.tools.calibrate import DEFAULT_DECODE_LOG_INTERVAL   # light: stdlib imports only
+
     cal.add_argument("--decode-log-interval", type=int, default=None,
-                     help="the engine's --decode-log-interval when the log has no iters (default 40)")
+                     help="the engine's --decode-log-interval when the log has no iters (default "
+                          f"{DEFAULT_DECODE_LOG_INTERVAL})")
     cal.add_argument("--json", action="store_true", help="print the fit as JSON")
     cal.add_argument("--plot", default=None, help="PNG of the fit")
     cal.set_defaults(func=cmd_calibrate)

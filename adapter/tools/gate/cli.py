@@ -61,7 +61,7 @@ def add_parser(sub) -> None:
     r.add_argument("--label", required=True, help="this boot's label, e.g. A, B, A2")
     r.add_argument("--out", required=True, help="runs directory, e.g. runs/")
     r.add_argument("--suite", choices=sorted(SUITES), default="quick",
-                   help="quick (CPU harness, minutes) or full (the cluster's release gate)")
+                   help="quick (CPU harness, minutes) or full (the cluster's release gate) (default %(default)s)")
     r.add_argument("--model", default=None, help="served model name (default: the first /v1/models lists)")
     r.add_argument("--run-id", default=None, help="run id (default: today's UTC date, YYYYMMDD)")
     r.add_argument("--context-length", type=int, default=None,
@@ -84,7 +84,7 @@ def add_parser(sub) -> None:
     add_line_args(b, against="control", what="the candidate line")
     add_cpu_model_arg(b, ["dense", "swa"], "dense")
     b.add_argument("--suite", choices=sorted(SUITES), default="quick",
-                   help="quick (CPU harness, minutes) or full (the cluster's release gate)")
+                   help="quick (CPU harness, minutes) or full (the cluster's release gate) (default %(default)s)")
     b.add_argument("--out", required=True, help="runs directory (outside the repo, e.g. $TMPDIR/gate-runs)")
     b.add_argument("--run-id", default=None, help="run id (default: UTC date-time); an existing one resumes")
     _thresholds(b, threshold_defaults("boot"), " on the shared-CPU harness")

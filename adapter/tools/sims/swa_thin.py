@@ -626,21 +626,21 @@ def as_json(tails: int, results: dict, chunks: str) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="dsv41 sim thin", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tails", type=int, default=384, help="--swa-prefix-tails of the pool (default 384)")
+    ap.add_argument("--tails", type=int, default=384, help="--swa-prefix-tails of the pool (default %(default)s)")
     ap.add_argument("--json", action="store_true", help="print the result as one JSON object")
     ap.add_argument("--pool", action="store_true", help="KV-pool trade-off for 128/256/384 tails")
     ap.add_argument("--control-core", choices=("rust", "python"), default="rust",
-                    help="tree core of the control run (engine default: rust)")
+                    help="tree core of the control run (default %(default)s, the engine's)")
     ap.add_argument("--check", action="store_true", help="run cache.sanity_check() at the end")
-    ap.add_argument("--subagents", type=int, default=Scenario.subagents, help="sub-agents (default 40)")
+    ap.add_argument("--subagents", type=int, default=Scenario.subagents, help="sub-agents (default %(default)s)")
     ap.add_argument("--subagent-turns", type=int, default=Scenario.subagent_turns,
-                    help="turns per sub-agent (default 3)")
+                    help="turns per sub-agent (default %(default)s)")
     ap.add_argument("--new-sessions", type=int, default=Scenario.new_sessions,
-                    help="new 500K sessions while the two sit idle (default 3)")
+                    help="new 500K sessions while the two sit idle (default %(default)s)")
     ap.add_argument("--cone", action="store_true",
                     help="variants control, thin, cone (cone replay alone) and thin+cone")
     ap.add_argument("--cone-tokens", type=int, default=8192,
-                    help="DSV41_SWA_CONE_TOKENS for the cone variants (default 8192)")
+                    help="DSV41_SWA_CONE_TOKENS for the cone variants (default %(default)s)")
     ap.add_argument("--chunks", choices=("grid", "engine"), default=None,
                     help="chunk budget per pass: grid = up to the next multiple of 8192 tokens "
                          "(default without --cone), engine = a whole 8192-token chunk from the "
