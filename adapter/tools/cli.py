@@ -228,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     pn.add_argument("--update", action="store_true", help="regenerate adapter/pins.json")
     pn.add_argument("--json", action="store_true", help="print the report as JSON")
     pn.set_defaults(func=cmd_pins)
-    k = sub.add_parser("keys", help="list the DSV41_* keys")
+    k = sub.add_parser("keys", help="list the DSV41_* keys: type, range, default, volatility")
     k.add_argument("--volatile", action="store_true",
                    help="only the keys autotune_keep leaves out of the launch fingerprint")
     k.add_argument("--json", action="store_true", help="print the keys as JSON")
@@ -240,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"simulation: {', '.join(sorted(SIMS))}; its own options follow")
     s.set_defaults(func=cmd_sim, takes_rest=True, sim_parser=s)
     pr = sub.add_parser("profile", help="compare two profile lines: what differs, what is "
-                                        "volatile, whether it re-tunes, the rollback line per key")
+                                        "volatile, whether it re-tunes, one rollback per adapter")
     pr.add_argument("action", choices=["diff"], help="diff: changes from --against to --line")
     add_line_args(pr, against="control", what="the line after the change")
     pr.add_argument("--against-profile", default=None, metavar="FILE",
