@@ -176,3 +176,11 @@ def test_a_launch_argument_of_no_adapter_is_its_own_group():
     assert [g["adapter"] for g in result["adapters"]] == ["other"]
     assert result["adapters"][0]["rollback"] == ("delete SGLANG_FOO=1 from EXTRA_CONTAINER_ENV; "
                                                  "delete --enable-metrics from EXTRA_SGLANG_ARGS")
+
+
+def test_a_bad_key_on_a_line_exits_2_naming_it(tmp_path):
+    bad = tmp_path / "bad.env"
+    bad.write_text('EXTRA_CONTAINER_ENV="DSV41_DECODE_YIELD=150"\nEXTRA_SGLANG_ARGS=""\n'
+                   'EXTRA_CONTAINER_ENV_CONTROL=""\nEXTRA_SGLANG_ARGS_CONTROL=""\n')
+    proc = run_python(CLI, argv=("profile", "diff", "--profile", str(bad)))
+    assert proc.returncode == 2 and "DSV41_DECODE_YIELD=150: out of range 1..99" in proc.stderr, proc.stderr

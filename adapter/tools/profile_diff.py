@@ -53,8 +53,9 @@ OTHER = "other"      # env keys outside the registry and launch arguments of no 
 # restart of every engine process of the group; the image and swan's module stay as they are.
 RESTART = ("edit the profile line, then restart every engine process (all nodes: the keys are read "
            "from the environment at process start); no image rebuild")
-RETUNE_NOTE = ("re-tunes once on its first boot: a launch argument changes the launch fingerprint "
-               "(autotune_keep keeps tuned tactics across volatile keys only)")
+RETUNE_NOTE = ("re-tunes once on its first boot: {names} changes the launch fingerprint "
+               "(autotune_keep keeps tuned tactics across volatile keys only; launch arguments "
+               "never are)")
 
 
 def _shown(value) -> str:
@@ -66,8 +67,7 @@ def _env_line(env: dict) -> str:
 
 
 def _args_line(flags: dict) -> str:
-    words = [w for f, v in flags.items() for w in ([f] if v is None else [f, v])]
-    return f'{profile.ARGS_VAR}="{" ".join(words)}"'
+    return f'{profile.ARGS_VAR}="{" ".join(_words(flags))}"'
 
 
 def _owner(change: dict) -> str:
@@ -152,13 +152,6 @@ def diff(a: profile.Line, b: profile.Line) -> dict:
         change = {"kind": "env", "name": key, "a": old, "b": new, "volatile": key in volatile,
                   "_absent_in_a": key not in a.env, "_absent_in_b": key not in b.env}
         change["_edit"] = _edit(change)
-        change["rollback"] = _edit_text([change["_edit"]])
-        env = dict(b.env)
-        if old is None:
-            env.pop(key)
-        else:
-            env[key] = old
-        change["rollback_line"] = _env_line(env)
         changes.append(change)
     fa, fb = _flags(a.args), _flags(b.args)
     for flag in list(dict.fromkeys([*fa, *fb])):
@@ -168,13 +161,6 @@ def diff(a: profile.Line, b: profile.Line) -> dict:
         change = {"kind": "arg", "name": flag, "a": old, "b": new, "volatile": False,
                   "_absent_in_a": flag not in fa, "_absent_in_b": flag not in fb}
         change["_edit"] = _edit(change)
-        change["rollback"] = _edit_text([change["_edit"]])
-        args = dict(fb)
-        if flag in fa:
-            args[flag] = old
-        else:
-            args.pop(flag)
-        change["rollback_line"] = _args_line(args)
         changes.append(change)
     fp_a = launch(["sglang", *a.args], a.env).fingerprint
     fp_b = launch(["sglang", *b.args], b.env).fingerprint
@@ -206,13 +192,14 @@ def diff(a: profile.Line, b: profile.Line) -> dict:
             "keys": [c["name"] for c in group if c["kind"] == "env"],
             "args": [c["name"] for c in group if c["kind"] == "arg"],
             "on_in_a": a_on, "on_in_b": b_on,
-            "edits": [c["rollback"] for c in group],
+            "edits": [_edit_text([c["_edit"]]) for c in group],
             "rollback": _edit_text([c["_edit"] for c in group]),
             "together": _together(name, group, a_on) if name != OTHER else "",
             "rollback_env_line": _env_line(env),
             "rollback_args_line": _args_line(flags),
             "retunes": retunes,
-            "note": RETUNE_NOTE if retunes else "tuned tactics kept (volatile keys only)",
+            "note": (RETUNE_NOTE.format(names=" / ".join(c["name"] for c in group if not c["volatile"]))
+                     if retunes else "tuned tactics kept (volatile keys only)"),
             "restart": RESTART,
         })
     # Each change's rollback is its adapter's: the keys and arguments that go back together
@@ -220,7 +207,7 @@ def diff(a: profile.Line, b: profile.Line) -> dict:
     by_group = {g["adapter"]: g for g in groups}
     for c in changes:
         g = by_group[c["adapter"]]
-        c["rollback_key"] = c["rollback"]
+        c["rollback_key"] = _edit_text([c["_edit"]])
         c["rollback"] = g["rollback"]
         c["rollback_line"] = g["rollback_env_line"] if c["kind"] == "env" else g["rollback_args_line"]
         for private in ("_absent_in_a", "_absent_in_b", "_edit"):
@@ -264,7 +251,7 @@ def main(args) -> int:
     try:
         a, b = load(against_profile, args.against), load(args.profile, args.line)
         result = diff(a, b)
-    except (OSError, profile.ProfileError) as exc:
+    except (OSError, profile.ProfileError, keys.ConfigError) as exc:
         print(f"dsv41 profile diff: {exc}", file=sys.stderr)
         return exits.USAGE
     if args.json:
