@@ -147,9 +147,10 @@ def format_keys(registry) -> str:
     for k, cells in zip(registry, body):
         lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip())
         lines.extend(textwrap.wrap(k.doc, width=100, initial_indent="    ", subsequent_indent="    "))
-    lines.append("volatile: left out of autotune_keep's launch fingerprint (toggling it keeps the tuned "
-                 "tactics; launch arguments never are). on switch: setting it turns its adapter on; "
-                 "test-only: on a test line only. Keys are read when a process starts.")
+    lines.extend(textwrap.wrap(
+        "volatile: left out of autotune_keep's launch fingerprint (toggling it keeps the tuned "
+        "tactics; launch arguments never are). on switch: setting it turns its adapter on; "
+        "test-only: on a test line only. Keys are read when a process starts.", width=100))
     return "\n".join(lines)
 
 
