@@ -148,3 +148,46 @@ def test_a_test_only_key_is_refused_on_every_line_that_is_not_a_test_line():
         profile.refuse_test_only(profile.Line(name, env, ()))
     profile.refuse_test_only(profile.Line("production", {"DSV41_ADMIN_GUARD": "1"}, ()))
     assert [k.name for k in keys.test_only_keys(env)] == ["DSV41_ADMIN_GUARD_TEST"]
+
+
+def _row(name, installed=True, enabled=True, reason="", keys_=None, entry="sitecustomize",
+         entry_path="sitecustomize.py"):
+    return {"adapter": name, "keys": keys_ or {}, "enabled": enabled, "pin_ok": True if enabled else None,
+            "installed": installed, "status": "installed" if installed else ("refused" if enabled else "off"),
+            "reason": reason, "entry": entry, "entry_path": entry_path}
+
+
+def test_text_report_shows_the_entry_and_each_receipt_once():
+    """Issue 51: the installing entry is printed; an installed adapter's receipt is not repeated in
+    the table (it follows once, below); a reason no receipt carries stays in the table."""
+    from adapter.tools import check
+
+    receipt = ("[dsv41] decode_yield installed: DSV41_DECODE_YIELD=33: after a non-final chunk "
+               "with decode rows running, the next chunk waits")
+    stderr = "\n".join([receipt, "[2026-12-07 11:28:54] " + receipt, "engine line", receipt])
+    receipts = check.receipt_lines(stderr)
+    assert receipts == [receipt]
+    rows = [_row("decode_yield", reason=receipt.split("installed: ", 1)[1], keys_={"DSV41_DECODE_YIELD": "33"}),
+            _row("swa_thin", installed=False, reason="child exited 1: something broke"),
+            _row("swan", installed=False, enabled=False, reason="")]
+    text = check.format_table(rows, receipts)
+    assert "after a non-final chunk" not in text
+    assert "receipt below" in text and "child exited 1: something broke" in text
+    assert "installed by: sitecustomize (sitecustomize.py)" in text
+    assert "reason" not in text.splitlines()[0]
+    pth = check.format_entry([_row("swan", entry="dsv41.pth", entry_path="/x/site-packages/dsv41.pth")])
+    assert pth == "installed by: dsv41.pth (/x/site-packages/dsv41.pth)"
+    assert check.format_entry([_row("swan", entry=None, entry_path=None)]).startswith("installed by: nothing")
+    assert check.format_entry([_row("swan", entry="plugin", entry_path=None)]) == "installed by: plugin"
+
+
+def test_text_output_names_the_entry_prints_receipts_once_and_shows_progress():
+    proc = run_python(CLI, argv=("check", "--profile", PROFILE), timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    out = proc.stdout
+    assert "installed by: sitecustomize (sitecustomize.py)" in out
+    for adapter in ("swan", "decode_yield", "swa_thin", "swa_cone", "autotune_keep", "input_guard",
+                    "admin_guard"):
+        assert out.count(f"[dsv41] {adapter} installed: ") == 1, adapter
+    assert "a lost resume point replays" in out and out.count("a lost resume point replays") == 1
+    assert proc.stderr.startswith("dsv41 check: starting a child Python") and " done in " in proc.stderr

@@ -169,3 +169,32 @@ def test_set_keys_names_what_the_environment_set(monkeypatch):
                                      ("flaw", "lawn", 2), ("", "", 0)])
 def test_edit_distance_is_levenshtein(a, b, d):
     assert keys.edit_distance(a, b) == d
+
+
+def test_keys_text_shows_type_range_default_volatility_in_aligned_columns():
+    """`dsv41 keys`: one row per key whose columns line up however long the name (issue 51)."""
+    from adapter.tools import cli
+
+    text = cli.format_keys(keys.KEYS)
+    lines = text.splitlines()
+    head = lines[0]
+    assert head.split() == ["key", "adapter", "type", "range", "default", "volatility", "role"]
+    starts = [head.index(c) for c in ("adapter", "type", "range", "default", "volatility", "role")]
+    rows = {ln.split()[0]: ln for ln in lines[1:] if ln.startswith("DSV41_")}
+    assert set(rows) == {k.name for k in keys.KEYS}
+    for name, row in rows.items():
+        for at in starts:                       # every column starts where its heading does
+            assert row[at - 2:at] == "  " and row[at] != " ", (name, at, row)
+    longest = max(keys.KEYS, key=lambda k: len(k.name)).name
+    assert rows[longest].split()[1] == keys.KEY_BY_NAME[longest].adapter
+    assert rows["DSV41_SWAN_SELFCHECK"].split()[1:7] == ["swan", "int", "0..2", "1", "volatile", "setting"]
+    assert rows["DSV41_DECODE_YIELD"].split()[3:5] == ["1..99", "unset"]
+    assert "256..65536 step 256" in rows["DSV41_SWA_CONE_TOKENS"]
+    assert rows["DSV41_SWA_CONE_REPLAY"].rstrip().endswith("on switch")
+    assert rows["DSV41_ADMIN_GUARD_TEST"].rstrip().endswith("test-only")
+
+
+def test_swan_selfcheck_is_a_registered_key_on_by_default():
+    key = keys.KEY_BY_NAME["DSV41_SWAN_SELFCHECK"]
+    assert key.adapter == "swan" and key.default == 1 and not key.test_only and not key.enables
+    assert keys.parse_env({}).get("DSV41_SWAN_SELFCHECK") == 1

@@ -231,3 +231,16 @@ def test_thin_cli_alternatives_keeps_the_other_shapes(monkeypatch, capsys):
     # --pool without --alternatives is the old table
     assert tsim.main(["--pool", "--json"]) == 0
     assert set(json.loads(capsys.readouterr().out)) == {"bytes_per_swa_over_full", "launch", "rows"}
+
+
+def test_thin_pool_text_is_a_table_not_a_python_dict(capsys):
+    """Issue 51: `sim thin --pool` printed its launch values as a Python dict."""
+    assert tsim.main(["--pool"]) == 0
+    out = capsys.readouterr().out
+    assert "{" not in out and "': " not in out
+    assert "--max-running-requests 35" in out and "--disable-overlap-schedule" in out
+    lines = out.splitlines()
+    assert lines[1].split() == ["tails", "SWA", "slots", "cluster", "full", "tokens", "cluster", "1M", "contexts"]
+    rows = {ln.split()[0]: ln for ln in lines[2:]}
+    assert rows["384"].split()[:4] == ["384", "182,784", "182,784", "3,444,224"]
+    assert all(len(ln) == len(lines[1]) for ln in lines[2:])       # right-aligned columns

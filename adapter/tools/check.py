@@ -142,16 +142,20 @@ def exit_code(returncode: int, rows: list[dict]) -> int:
     return exits.FAILED
 
 
-def format_table(rows: list[dict]) -> str:
-    head = ("adapter", "key=value", "pin ok", "installed", "reason")
+def format_table(rows: list[dict], receipts: list[str] = ()) -> str:
+    """The text report: one row per adapter, the entry that installed them, swan's kernel and the
+    admin routes. A row's reason is shown only where no receipt line (printed after the table,
+    once each) carries it: an installed adapter's reason is its receipt."""
+    head = ("adapter", "key=value", "pin ok", "installed", "note")
     body = [(r["adapter"], " ".join(f"{k}={v}" for k, v in r["keys"].items()) or "-",
              {True: "yes", False: "NO", None: "-"}[r["pin_ok"]],
              "yes" if r["installed"] else ("off" if not r["enabled"] else "NO"),
-             r["reason"].splitlines()[0] if r["reason"] else "") for r in rows]
+             _note(r, receipts)) for r in rows]
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head) - 1)]
     lines = []
     for cells in [head, *body]:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths)) + "  " + cells[-1])
+        lines.append(("  ".join(c.ljust(w) for c, w in zip(cells, widths)) + "  " + cells[-1]).rstrip())
+    lines.append(format_entry(rows))
     kernel = next((r.get("kernel") for r in rows if r["adapter"] == "swan"), None)
     if kernel:
         lines.append(f"swan kernel: {kernel}")
@@ -174,6 +178,38 @@ def act_on_cluster(rows: list[dict]) -> tuple[int, int]:
     """(enabled adapters that act on the cluster, enabled adapters with a verdict)."""
     judged = [r["on_cluster"] for r in rows if r["enabled"] and r.get("on_cluster")]
     return sum(v["acts"] for v in judged), len(judged)
+
+
+def _note(row: dict, receipts) -> str:
+    """A row's reason, or "receipt below" when a receipt line printed after the table carries it."""
+    reason = row["reason"].splitlines()[0] if row["reason"] else ""
+    if reason and any(reason[:60] in r for r in receipts):
+        return "receipt below"
+    return "" if row["installed"] else reason
+
+
+def format_entry(rows: list[dict]) -> str:
+    """Which entry armed the installer in the child: the wheel's dsv41.pth, a checkout's
+    sitecustomize.py or the engine's plugin framework."""
+    entry = next((r.get("entry") for r in rows if r.get("entry")), None)
+    path = next((r.get("entry_path") for r in rows if r.get("entry_path")), None)
+    if entry is None:
+        return "installed by: nothing (the installer was not armed in the child)"
+    return f"installed by: {entry}" + (f" ({path})" if path else "")
+
+
+def receipt_lines(stderr: str) -> list[str]:
+    """The child's `[dsv41] ...` lines, once each (a line logged by two handlers, or with and
+    without the engine's timestamp, is one line)."""
+    seen, out = set(), []
+    for line in stderr.splitlines():
+        if "[dsv41]" not in line:
+            continue
+        text = line[line.index("[dsv41]"):]
+        if text not in seen:
+            seen.add(text)
+            out.append(text)
+    return out
 
 
 def format_exposure(admin: dict) -> str:

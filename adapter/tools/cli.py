@@ -10,6 +10,7 @@ import argparse
 import importlib
 import json
 import sys
+import time
 
 from adapter.tools import exits
 # The line and --cpu-model helpers every command shares (a leaf module: the gate and the canary
@@ -35,7 +36,15 @@ def cmd_check(args) -> int:
     except (OSError, profile.ProfileError, keys.ConfigError) as exc:
         print(f"dsv41 check: {exc}", file=sys.stderr)
         return exits.USAGE
+    progress = not args.json
+    if progress:          # one line while the child boots (it imports the engine: ~10-15 s)
+        print(f"dsv41 check: starting a child Python as a production process of line {args.line!r} "
+              f"(it imports the engine, ~12 s) ...", end="", file=sys.stderr, flush=True)
+    began = time.monotonic()
     code, rows, stderr = check.run(line)
+    if progress:
+        print(f" done in {time.monotonic() - began:.1f} s", file=sys.stderr, flush=True)
+    receipts = check.receipt_lines(stderr)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
@@ -43,10 +52,9 @@ def cmd_check(args) -> int:
         print(f"profile {args.profile} line {args.line}: "
               f"{sum(r['installed'] for r in rows)} of {sum(r['enabled'] for r in rows)} enabled adapters installed"
               + (f"; {acting} of {judged} act on the cluster (DeepSeek-V4.1, CUDA)" if judged else ""))
-        print(check.format_table(rows))
-    receipts = [ln for ln in stderr.splitlines() if "[dsv41]" in ln]
-    if receipts and not args.json:
-        print("\nreceipt lines from the child:\n" + "\n".join(receipts))
+        print(check.format_table(rows, receipts))
+        if receipts:
+            print("\nreceipt lines from the child (each once):\n" + "\n".join(receipts))
     if code != 0:
         print(f"dsv41 check: child exited {code}:\n{stderr[-4000:]}", file=sys.stderr)
     return check.exit_code(code, rows)
@@ -101,16 +109,51 @@ def cmd_keys(args) -> int:
         print(json.dumps(list(names)) if args.json else "\n".join(names))
         return 0
     rows = [{"key": k.name, "adapter": k.adapter, "kind": k.kind, "default": k.default,
-             "range": [k.lo, k.hi], "fields": [list(f) for f in k.fields], "volatile": k.volatile, "test_only": k.test_only, "doc": k.doc}
+             "range": [k.lo, k.hi], "fields": [list(f) for f in k.fields], "volatile": k.volatile,
+             "test_only": k.test_only, "enables": k.enables, "multiple_of": k.multiple_of,
+             "range_text": key_range(k), "doc": k.doc}
             for k in keys.KEYS]
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        for r in rows:
-            print(f"{r['key']:26s} {r['adapter']:14s} {r['kind']:4s} default={r['default']} "
-                  f"{'volatile' if r['volatile'] else 'launch'}{' test-only' if r['test_only'] else ''}"
-                  f"  {r['doc']}")
+        print(format_keys(keys.KEYS))
     return 0
+
+
+def key_range(k) -> str:
+    """A key's accepted values, as `dsv41 keys` prints them."""
+    if k.kind == "flag":
+        return "0/1"
+    if k.kind == "ints":
+        least = k.min_fields or len(k.fields)
+        count = f"{least}" if least == len(k.fields) else f"{least}-{len(k.fields)}"
+        return f"{count} ints"
+    if k.lo is None and k.hi is None:
+        return "int"
+    text = f"{'' if k.lo is None else k.lo}..{'' if k.hi is None else k.hi}"
+    return text + (f" step {k.multiple_of}" if k.multiple_of else "")
+
+
+def format_keys(registry) -> str:
+    """One aligned row per key (widths from the longest cell, so long names keep the columns),
+    its description wrapped under it."""
+    import textwrap
+
+    head = ("key", "adapter", "type", "range", "default", "volatility", "role")
+    body = [(k.name, k.adapter, k.kind, key_range(k), "unset" if k.default is None else str(k.default),
+             "volatile" if k.volatile else "launch",
+             "test-only" if k.test_only else ("on switch" if k.enables else "setting"))
+            for k in registry]
+    widths = [max(len(r[i]) for r in (head, *body)) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(head, widths)).rstrip()]
+    for k, cells in zip(registry, body):
+        lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip())
+        lines.extend(textwrap.wrap(k.doc, width=100, initial_indent="    ", subsequent_indent="    "))
+    lines.extend(textwrap.wrap(
+        "volatile: left out of autotune_keep's launch fingerprint (toggling it keeps the tuned "
+        "tactics; launch arguments never are). on switch: setting it turns its adapter on; "
+        "test-only: on a test line only. Keys are read when a process starts.", width=100))
+    return "\n".join(lines)
 
 
 def cmd_sim(args, rest) -> int:
@@ -163,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="boot both lines as the cluster's topology on this machine: --tp-size N "
                          "over N launch processes (--nnodes N on 127.0.0.1) (default 1)")
     cn.add_argument("--traffic", choices=["canary", "agent"], default="canary",
-                    help="canary: the canary's own scenarios (default); agent: those, then an "
+                    help="canary (default): the canary's own scenarios; agent: those, then an "
                          "agent workload replayed by the engine's own benchmark client "
                          "(sglang.bench_serving: multi-turn sessions, sub-agents, other users' long "
                          "prompts, resumed turns, streams beside a long prefill; smaller than "
@@ -175,8 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
                                            "scheduler log; prints the DSV41_DECODE_YIELD_MODEL value")
     cal.add_argument("what", choices=["yield"], help="what to calibrate (decode yield's cost model)")
     cal.add_argument("--log", action="append", required=True, help="scheduler log (repeatable)")
+    from adapter.tools.calibrate import DEFAULT_DECODE_LOG_INTERVAL   # light: stdlib imports only
+
     cal.add_argument("--decode-log-interval", type=int, default=None,
-                     help="the engine's --decode-log-interval when the log has no iters (default 40)")
+                     help="the engine's --decode-log-interval when the log has no iters (default "
+                          f"{DEFAULT_DECODE_LOG_INTERVAL})")
     cal.add_argument("--json", action="store_true", help="print the fit as JSON")
     cal.add_argument("--plot", default=None, help="PNG of the fit")
     cal.set_defaults(func=cmd_calibrate)
@@ -185,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     pn.add_argument("--update", action="store_true", help="regenerate adapter/pins.json")
     pn.add_argument("--json", action="store_true", help="print the report as JSON")
     pn.set_defaults(func=cmd_pins)
-    k = sub.add_parser("keys", help="list the DSV41_* keys")
+    k = sub.add_parser("keys", help="list the DSV41_* keys: type, range, default, volatility")
     k.add_argument("--volatile", action="store_true",
                    help="only the keys autotune_keep leaves out of the launch fingerprint")
     k.add_argument("--json", action="store_true", help="print the keys as JSON")
@@ -197,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"simulation: {', '.join(sorted(SIMS))}; its own options follow")
     s.set_defaults(func=cmd_sim, takes_rest=True, sim_parser=s)
     pr = sub.add_parser("profile", help="compare two profile lines: what differs, what is "
-                                        "volatile, whether it re-tunes, the rollback line per key")
+                                        "volatile, whether it re-tunes, one rollback per adapter")
     pr.add_argument("action", choices=["diff"], help="diff: changes from --against to --line")
     add_line_args(pr, against="control", what="the line after the change")
     pr.add_argument("--against-profile", default=None, metavar="FILE",

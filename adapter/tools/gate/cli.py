@@ -22,17 +22,33 @@ def _boot(args) -> int:
     return boot.main(args)
 
 
-def _thresholds(p: argparse.ArgumentParser, speed_floor_help: str, speed_floor=None) -> None:
-    p.add_argument("--speed-floor", type=float, default=speed_floor, help=speed_floor_help)
+def _thresholds(p: argparse.ArgumentParser, defaults: dict, where: str = "") -> None:
+    """The verdict's thresholds. Each flag's value stays None on the command line (the verdict
+    fills in its own), so the help states the default the code applies: `defaults` is that dict
+    (gate/verdict.py DEFAULTS, or gate boot's CPU values over it)."""
+    p.add_argument("--speed-floor", type=float, default=None,
+                   help=f"relative speed noise assumed at least (default {defaults['speed_floor']:g}"
+                        f"{where})")
     p.add_argument("--kld-long", type=float, default=None,
-                   help="KL reference of the long prompt (default 0.00677, the cluster's accepted run)")
+                   help=f"KL reference of the long prompt (default {defaults['kld_long']:g}, the "
+                        "cluster's accepted run)")
     p.add_argument("--kld-short", type=float, default=None,
-                   help="KL reference of the short prompts (default 0.0045)")
+                   help=f"KL reference of the short prompts (default {defaults['kld_short']:g})")
     p.add_argument("--t1-alpha", type=float, default=None,
-                   help="family-wise level of the T=1 tests (default 0.01, Bonferroni over prompts)")
+                   help=f"family-wise level of the T=1 tests (default {defaults['t1_alpha']:g}, "
+                        "Bonferroni over prompts)")
     p.add_argument("--max-excluded", type=int, default=None,
                    help="T=0 prompts on which the controls may differ (default 10%% of them, at least 1)")
     p.add_argument("--json", action="store_true", help="print the verdict as JSON")
+
+
+def threshold_defaults(command: str) -> dict:
+    """The thresholds `gate verdict` / `gate boot` apply when a flag is not given."""
+    from adapter.tools.gate import boot, verdict
+
+    if command == "boot":
+        return dict(verdict.DEFAULTS, speed_floor=boot.CPU_SPEED_FLOOR, t1_alpha=boot.CPU_T1_ALPHA)
+    return dict(verdict.DEFAULTS)
 
 
 def add_parser(sub) -> None:
@@ -45,7 +61,7 @@ def add_parser(sub) -> None:
     r.add_argument("--label", required=True, help="this boot's label, e.g. A, B, A2")
     r.add_argument("--out", required=True, help="runs directory, e.g. runs/")
     r.add_argument("--suite", choices=sorted(SUITES), default="quick",
-                   help="quick (CPU harness, minutes) or full (the cluster's release gate)")
+                   help="quick (CPU harness, minutes) or full (the cluster's release gate) (default %(default)s)")
     r.add_argument("--model", default=None, help="served model name (default: the first /v1/models lists)")
     r.add_argument("--run-id", default=None, help="run id (default: today's UTC date, YYYYMMDD)")
     r.add_argument("--context-length", type=int, default=None,
@@ -58,7 +74,8 @@ def add_parser(sub) -> None:
     v = gs.add_parser("verdict", help="PASS / KILL / INVALID of control,candidate,control; report.md + PNGs")
     v.add_argument("run_dir", help="runs/<run-id>")
     v.add_argument("--order", default="A,B,A2", help="control,candidate,control labels (default A,B,A2)")
-    _thresholds(v, "relative speed noise assumed at least (default 0.03; CPU harness: 0.65)")
+    _thresholds(v, threshold_defaults("verdict"),
+                f"; `gate boot` on the CPU harness: {threshold_defaults('boot')['speed_floor']:g}")
     v.set_defaults(func=_verdict)
     b = gs.add_parser("boot", help="CPU harness: boot control / candidate / control lines of a profile "
                                    "in turn, gate each, judge")
@@ -67,8 +84,8 @@ def add_parser(sub) -> None:
     add_line_args(b, against="control", what="the candidate line")
     add_cpu_model_arg(b, ["dense", "swa"], "dense")
     b.add_argument("--suite", choices=sorted(SUITES), default="quick",
-                   help="quick (CPU harness, minutes) or full (the cluster's release gate)")
+                   help="quick (CPU harness, minutes) or full (the cluster's release gate) (default %(default)s)")
     b.add_argument("--out", required=True, help="runs directory (outside the repo, e.g. $TMPDIR/gate-runs)")
     b.add_argument("--run-id", default=None, help="run id (default: UTC date-time); an existing one resumes")
-    _thresholds(b, "relative speed noise assumed at least (default 0.65 on the shared-CPU harness)")
+    _thresholds(b, threshold_defaults("boot"), " on the shared-CPU harness")
     b.set_defaults(func=_boot)

@@ -124,10 +124,10 @@ def report(results: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="dsv41 sim all", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="dsv41 sim all", description=__doc__.split("\n\n")[0])
     p.add_argument("--plot", required=True, metavar="DIR", help="where the PNGs and report go")
-    p.add_argument("--tails", default="128,256,384", help="swa_thin tails values (comma list)")
-    p.add_argument("--shares", default="33,50", help="decode yield shares (comma list)")
+    p.add_argument("--tails", default="128,256,384", help="swa_thin tails values (comma list; default %(default)s)")
+    p.add_argument("--shares", default="33,50", help="decode yield shares (comma list; default %(default)s)")
     p.add_argument("--json", action="store_true", help="also print all results as JSON")
     args = p.parse_args(argv)
     out = pathlib.Path(args.plot)

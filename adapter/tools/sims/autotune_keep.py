@@ -223,10 +223,10 @@ def simulate(world: int = 4, boots: Optional[list[Boot]] = None) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="dsv41 sim autotune", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="dsv41 sim autotune", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--ranks", type=int, default=4, choices=range(2, 9),
-                   help="ranks of the simulated launch, 2..8 (default 4)")
+                   help="ranks of the simulated launch, 2..8 (default %(default)s)")
     args = p.parse_args(argv)
     result = simulate(args.ranks)
     if args.json:

@@ -560,7 +560,7 @@ def _share(text: str) -> Optional[int]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="dsv41 sim yield", description=__doc__.split("\n\n")[0])
     p.add_argument("--share", type=_share, default=33,
-                   help="DSV41_DECODE_YIELD for the yield run (1..99), or 'unset' (default 33)")
+                   help="DSV41_DECODE_YIELD for the yield run (1..99), or 'unset' (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--stream-context", type=int, default=STREAM_CONTEXT,
                    help=f"context length of each running stream (default {STREAM_CONTEXT})")
@@ -570,7 +570,7 @@ def main(argv=None) -> int:
     p.add_argument("--interval", type=int, default=INTERVAL,
                    help=f"--prefill-decode-interval (default {INTERVAL})")
     p.add_argument("--tree-core", choices=("rust", "python"), default="rust",
-                   help="the radix cache's tree core (default rust, the engine's)")
+                   help="the radix cache's tree core (default %(default)s, the engine's)")
     p.add_argument("--alternatives", action="store_true",
                    help="one row per alternative to the yield: engine PDI 0, stock PDI 1, PDI 8, "
                         "PDI 16, mixed chunk, half chunk, yield at --share (interval per row; "

@@ -170,12 +170,12 @@ def run(args) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="dsv41 sim cone", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="dsv41 sim cone", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    p.add_argument("--tokens", type=int, default=8192, help="DSV41_SWA_CONE_TOKENS (default 8192)")
-    p.add_argument("--prompts", type=int, default=800, help="distinct 1K prompts (default 800)")
+    p.add_argument("--tokens", type=int, default=8192, help="DSV41_SWA_CONE_TOKENS (default %(default)s)")
+    p.add_argument("--prompts", type=int, default=800, help="distinct 1K prompts (default %(default)s)")
     p.add_argument("--backend", choices=("python", "rust"), default="rust",
-                   help="tree core (default rust, the engine default)")
+                   help="tree core (default %(default)s, the engine default)")
     args = p.parse_args(argv)
     out = run(args)
     if args.json:

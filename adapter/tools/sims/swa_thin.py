@@ -168,6 +168,25 @@ def pool_table(full_at_128: int = 4_997_632, full_at_384: int = 3_444_224):
     return {"bytes_per_swa_over_full": round(ratio, 3), "launch": POOL_LAUNCH, "rows": rows}
 
 
+def format_pool_table(table: dict) -> str:
+    """`dsv41 sim thin --pool` as text: the launch values it sized with, then one row per tails
+    value beside the cluster's figures (docs/cluster_evidence.md)."""
+    words = []
+    for name, value in table["launch"].items():
+        flag = "--" + name.replace("_", "-")
+        words.append(flag if value is True else f"{flag} {value}")
+    head = (f"KV-pool trade-off (the engine's own sizing; launch values {' '.join(words)}; bytes per "
+            f"SWA slot / bytes per full token calibrated = {table['bytes_per_swa_over_full']})")
+    cols = ("tails", "SWA slots", "cluster", "full tokens", "cluster", "1M contexts")
+    rows = [(str(r["tails"]), f"{r['swa_slots']:,}",
+             f"{r['spec_swa_slots']:,}" if r["spec_swa_slots"] else "-", f"{r['full_tokens']:,}",
+             " / ".join(r["spec_full_tokens"] or ()) or "-", str(r["contexts_1m"]))
+            for r in table["rows"]]
+    widths = [max(len(x[i]) for x in (cols, *rows)) for i in range(len(cols))]
+    lines = [head] + ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in (cols, *rows)]
+    return "\n".join(lines)
+
+
 # --- the request driver --------------------------------------------------------------------
 
 class Tokens:
@@ -576,7 +595,7 @@ def print_cache_alternatives(result: dict) -> None:
         resident = " / ".join(f"{t:,}" for t in r["full_kv_resident_at_resume"])
         print(f"{r['name']:<16}  {pool:<23}  {r['full_tokens']:>11,}  {r['swa_slots']:>9,}  "
               f"{r['contexts_1m']:>6}  {resumed:<31}  {resident:>17}  {tokens:>21}  {secs}")
-    print("  cluster (SPEC, thin at 384 tails): resumed in 3.9 / 6.5 s instead of 61-64 s; "
+    print("  cluster (docs/cluster_evidence.md, thin at 384 tails): resumed in 3.9 / 6.5 s instead of 61-64 s; "
           "0 whole re-prefills (2 in each control)")
 
 
@@ -606,22 +625,22 @@ def as_json(tails: int, results: dict, chunks: str) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="dsv41 sim thin", description=__doc__.splitlines()[0])
-    ap.add_argument("--tails", type=int, default=384, help="--swa-prefix-tails of the pool (default 384)")
+    ap = argparse.ArgumentParser(prog="dsv41 sim thin", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tails", type=int, default=384, help="--swa-prefix-tails of the pool (default %(default)s)")
     ap.add_argument("--json", action="store_true", help="print the result as one JSON object")
     ap.add_argument("--pool", action="store_true", help="KV-pool trade-off for 128/256/384 tails")
     ap.add_argument("--control-core", choices=("rust", "python"), default="rust",
-                    help="tree core of the control run (engine default: rust)")
+                    help="tree core of the control run (default %(default)s, the engine's)")
     ap.add_argument("--check", action="store_true", help="run cache.sanity_check() at the end")
-    ap.add_argument("--subagents", type=int, default=Scenario.subagents, help="sub-agents (default 40)")
+    ap.add_argument("--subagents", type=int, default=Scenario.subagents, help="sub-agents (default %(default)s)")
     ap.add_argument("--subagent-turns", type=int, default=Scenario.subagent_turns,
-                    help="turns per sub-agent (default 3)")
+                    help="turns per sub-agent (default %(default)s)")
     ap.add_argument("--new-sessions", type=int, default=Scenario.new_sessions,
-                    help="new 500K sessions while the two sit idle (default 3)")
+                    help="new 500K sessions while the two sit idle (default %(default)s)")
     ap.add_argument("--cone", action="store_true",
                     help="variants control, thin, cone (cone replay alone) and thin+cone")
     ap.add_argument("--cone-tokens", type=int, default=8192,
-                    help="DSV41_SWA_CONE_TOKENS for the cone variants (default 8192)")
+                    help="DSV41_SWA_CONE_TOKENS for the cone variants (default %(default)s)")
     ap.add_argument("--chunks", choices=("grid", "engine"), default=None,
                     help="chunk budget per pass: grid = up to the next multiple of 8192 tokens "
                          "(default without --cone), engine = a whole 8192-token chunk from the "
@@ -647,14 +666,7 @@ def main(argv=None) -> int:
         if args.json:
             print(json.dumps(table))
             return 0
-        print(f"KV-pool trade-off (engine sizing; launch {table['launch']}; bytes per SWA slot / "
-              f"bytes per full token calibrated = {table['bytes_per_swa_over_full']})")
-        print(f"{'tails':>5}  {'SWA slots':>10}  {'SPEC':>10}  {'full tokens':>11}  {'SPEC':>21}  1M ctx")
-        for r in table["rows"]:
-            spec_full = " / ".join(r["spec_full_tokens"] or ())
-            spec_swa = f"{r['spec_swa_slots']:,}" if r["spec_swa_slots"] else "-"
-            print(f"{r['tails']:>5}  {r['swa_slots']:>10,}  {spec_swa:>10}  {r['full_tokens']:>11,}  "
-                  f"{spec_full:>21}  {r['contexts_1m']}")
+        print(format_pool_table(table))
         return 0
 
     if args.alternatives:
