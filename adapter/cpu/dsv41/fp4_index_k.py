@@ -19,11 +19,24 @@ The rules are the kernels' own, read from their Triton sources:
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 
 HEAD_DIM, GROUP, PAYLOAD, SCALE_BYTES = 128, 32, 64, 4
 SLOT_BYTES = PAYLOAD + SCALE_BYTES
 _THRESHOLDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+
+
+_SAID: set = set()
+
+
+def first_call(name: str, detail: str) -> None:
+    """One `[dsv41-cpu] dsv41 stand-in called: <name> (<detail>)` line per stand-in and process:
+    the server's logs then show which stand-ins its traffic reached."""
+    if name not in _SAID:
+        _SAID.add(name)
+        sys.stderr.write(f"[dsv41-cpu] dsv41 stand-in called: {name} ({detail})\n")
 
 
 def ceil_ue8m0_exp(x: torch.Tensor) -> torch.Tensor:
@@ -79,6 +92,7 @@ def store_fp4_index_k_cache(input: torch.Tensor, cache: torch.Tensor, loc: torch
     assert input.shape[-1] == HEAD_DIM
     assert cache.shape[1] == page_size * SLOT_BYTES
     payload, packed = quantize_fp4_indexer_tensor(input.contiguous(), rne=rne)
+    first_call("store_fp4_index_k_cache", f"first call: {payload.shape[0]} rows, rne={rne}")
     if payload.shape[0] == 0:
         return
     page, pcols, scols = _columns(loc, page_size)
@@ -92,6 +106,7 @@ def gather_fp4_index_k(cache: torch.Tensor, slots: torch.Tensor, *, page_size: i
     `_gather_fp4_index_k_kernel`): (payload int8 [n, 64], packed exponents int32 [n]) at slots."""
     assert cache.shape[1] == page_size * SLOT_BYTES and cache.stride(1) == 1
     assert slots.is_contiguous()
+    first_call("gather_fp4_index_k", f"first call: {slots.numel()} rows")
     page, pcols, scols = _columns(slots, page_size)
     payload = cache[page.expand_as(pcols), pcols].view(torch.int8).contiguous()
     scales = cache[page.expand_as(scols), scols].contiguous().view(torch.int32).view(-1)

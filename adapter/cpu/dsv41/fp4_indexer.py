@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from adapter.cpu.dsv41.fp4_index_k import HEAD_DIM, dequantize_rows
+from adapter.cpu.dsv41.fp4_index_k import HEAD_DIM, dequantize_rows, first_call
 
 
 def fp4_index_logits_decode(q: torch.Tensor, weights: torch.Tensor, slots: torch.Tensor,
@@ -26,6 +26,7 @@ def fp4_index_logits_decode(q: torch.Tensor, weights: torch.Tensor, slots: torch
     B, H, _ = q.shape
     L = slots.shape[1]
     out = torch.full((B, L), float("-inf"), dtype=torch.float32)
+    first_call("fp4_index_logits_decode", f"first call: {B} rows x {L} positions")
     if L == 0 or B == 0:
         return out
     valid = torch.arange(L)[None, :] < lens.to(torch.int64).view(-1, 1).clamp_max(L)

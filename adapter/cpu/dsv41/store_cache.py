@@ -47,10 +47,12 @@ def fused_store_cache(input: torch.Tensor, cache: torch.Tensor, indices: torch.T
     from sglang.kernels.ops.attention.dsv4.kv_layout import KVLayout
 
     from adapter.cpu.dsv4.attention import store_index_k
+    from adapter.cpu.dsv41.fp4_index_k import first_call
 
     layout = KVLayout.parse(layout)
     if layout is not KVLayout.V4 or freqs_cis is not None:
         raise NotImplementedError(f"CPU stand-in for fused_store_cache: V4 layout only, not {layout}")
+    first_call(f"fused_store_cache/{type}", f"first call: {input.shape[0]} rows, {layout.value} layout")
     if input.shape[0] == 0:
         return
     if type == "flashmla":
