@@ -18,7 +18,11 @@ on `port`; a node r > 0 runs only its schedulers and the engine's health stub, o
 own (on the cluster every node uses the same port on its own host). Each node is a process group
 of its own; `stop()` ends them all (node 0 first: it broadcasts the engine's shutdown).
 
-The boot is the line it is given: the harness sets no DSV41_* key of its own. Where the harness
+The boot is the line it is given: the harness sets no DSV41_* key of its own. Per model it adds
+the launch args of MODEL_HARNESS_ARGS to control and production line alike: the engine's own
+defaults on the cluster's hardware that it does not resolve on CPU (dsv41:
+--enable-decoder-swa-bounded-replay, the engine's V4.1 default on CUDA); `harness_args` lists
+them, and reports print them with their reason. Where the harness
 calls admin routes (`admin_calls=True`: flush_cache() between scenarios, /abort_request) and the
 line closes them (admin_guard on, no --admin-api-key), it empties the cache as an operator would:
 the boot gets the engine's own `--admin-api-key` with a random key per boot (`harness_args`,

@@ -24,12 +24,12 @@ KEPT_ARGS = {"--prefill-decode-interval", "--swa-prefix-tails", "--radix-evictio
 # Why the others are dropped, by flag (anything not named: "not meaningful on the CPU harness").
 IGNORED_WHY = {
     "--tp-size": "one CPU rank (TP 2 on CPU: tests/e2e)", "--nnodes": "one host",
-    "--page-size": "dense / swa: the engine's default page for torch_native; dsv4: 256 (the same)",
+    "--page-size": "dense / swa: the engine's default page for torch_native; dsv4 / dsv41: 256 (the same)",
     "--chunked-prefill-size": "set per CPU model (MODEL_ARGS)",
-    "--dsv4-attn-backend": "dsv4: the engine's SM120 route with CPU stand-ins for its kernels "
-                           "(docs/cpu_server.md)",
-    "--kv-cache-dtype": "dense / swa: float32 on CPU; dsv4: the engine's fp8_e4m3 (the same)",
-    "--context-length": "the tiny models' own (dense / swa 32K, dsv4 8K)",
+    "--dsv4-attn-backend": "dsv4 / dsv41: the engine's SM120 route with CPU stand-ins for its "
+                           "kernels; flashmla, as the engine resolves it (docs/cpu_server.md)",
+    "--kv-cache-dtype": "dense / swa: float32 on CPU; dsv4 / dsv41: the engine's fp8_e4m3 (the same)",
+    "--context-length": "the tiny models' own (dense / swa 32K, dsv4 / dsv41 8K)",
     "--model-path": "the tiny CPU models", "--served-model-name": "not used",
 }
 # Per CPU model: chunk, pool sizes. Dense: 4,096-token chunks, so that the cost model plans more
