@@ -95,8 +95,9 @@ DSV4_SPECIAL_TOKENS = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence
 #   DeepseekV41Indexer, fp4 index keys).
 # - kv_source_layer_ids [1, 2]: layers 1 (ratio 2) and 2 (ratio 1) own compressed latents; layer
 #   3 (ratio 1) shares layer 2's (the pool has one ratio-1 and one ratio-2 layer).
-# - index_source_layer_ids [1, 2]: their indexers own the index keys (wk, k_norm); layer 3 reads
-#   layer 2's top-k.
+# - index_source_layer_ids [1, 2, 3]: layers 1 and 2 own their index keys (wk, k_norm: they are
+#   kv sources); layer 3's indexer scores layer 2's keys with its own queries (wq_b,
+#   weights_proj) and, as a later layer than the candidate source, consumes its candidates.
 # - candidate_source_layer_id 2, candidate_topk_blocks 8 x candidate_block_size 64 (512 = the
 #   index_topk): on CPU the engine takes its dense-block candidate scheme (v41_indexer
 #   make_candidate_indexer: the DeepGEMM sparse table needs SM100+).
@@ -106,14 +107,16 @@ DSV4_SPECIAL_TOKENS = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence
 #   (1) come before late_layer_start (2). The late layers are 2 and 3.
 # - hc_pre_from_prev_sublayer (V4.1's default, True): no hc_head parameters; each sublayer's mHC
 #   pre-mix comes from the previous one (the engine's torch HcSubLayer on CPU).
-# Off, with why: engram (engram_layer_ids empty: the Engram embedding's hashed n-gram tables
-# have no CPU stand-in here and were not probed), q_head_norm (False, the config default; not
-# probed on CPU), the vision tower (vision_n_layers 0). Cost: ratio-1/2 layers keep every
-# compressed position (1 or 2 tokens per latent), so the indexer's top-k of 512 matters from
-# the first chunk; 4 layers keep a boot near the dsv4 one.
+# - q_head_norm False (V4.1's default: the q path ropes without a per-head norm; True is V4's path,
+#   which the dsv4 model runs through the fused_q_norm_rope stand-in).
+# Off: engram (engram_layer_ids empty). Not attempted: its tables are fp8 with e8m0 block scales
+# (EngramEmbedding), its wkv block-quantized, its hasher builds a compressed vocabulary from the
+# tokenizer's normalizers and keeps per-request n-gram history; whether that runs on CPU is open.
+# The vision tower is off (vision_n_layers 0). Cost: ratio-1/2 layers keep every compressed
+# position (1 or 2 tokens per latent); 4 layers keep a boot near the dsv4 one.
 DSV41_CONFIG = dict(
     DSV4_CONFIG, model_type="deepseek_v41", num_hidden_layers=4, compress_ratios=[0, 2, 1, 1],
-    kv_source_layer_ids=[1, 2], index_source_layer_ids=[1, 2], candidate_source_layer_id=2,
+    kv_source_layer_ids=[1, 2], index_source_layer_ids=[1, 2, 3], candidate_source_layer_id=2,
     candidate_topk_blocks=8, candidate_block_size=64, hc_pre_from_prev_sublayer=True,
     q_head_norm=False, engram_layer_ids=[], vision_n_layers=0, first_k_dense_replace=0)
 
