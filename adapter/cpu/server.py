@@ -89,8 +89,8 @@ MODEL_DEFAULT_ARGS["dsv41"] = MODEL_DEFAULT_ARGS["dsv4"]
 DEEPSEEK_MODELS = ("dsv4", "dsv41")
 # Launch args the harness adds to every boot of a model, control and production line alike, each
 # with why: the engine's own V4.1 defaults that it resolves on CUDA but not on CPU, so that the
-# CPU boot runs what the cluster runs. A line that names the flag itself (or its --no- / -disable
-# form) keeps its own. Reports print them beside the line (canary: under "scaled").
+# CPU boot runs what the cluster runs. A line that names the flag itself (or its --no- form) keeps
+# its own. Reports print them beside the line (canary: under "scaled").
 BOUNDED_REPLAY_FLAG = "--enable-decoder-swa-bounded-replay"
 MODEL_HARNESS_ARGS = {"dsv41": {BOUNDED_REPLAY_FLAG: (
     "", "the engine's V4.1 default on CUDA (arg_groups/deepseek_v4_hook.py "
@@ -328,8 +328,7 @@ class CpuServer:
         self.port = self.port or free_port()
         self.harness_args = {}
         for flag, (value, _why) in MODEL_HARNESS_ARGS.get(self.model, {}).items():
-            if not any(a == flag or a.startswith(flag + "=") or a == flag.replace("--enable-", "--disable-")
-                       or a == "--no-" + flag[2:] for a in self.args):
+            if flag not in self.args and "--no-" + flag[2:] not in self.args:
                 self.harness_args[flag] = value
         if self.admin_calls and closes_admin_routes(self.keys, self.args):
             self.harness_args[ADMIN_KEY_FLAG] = secrets.token_hex(16)    # one per boot
