@@ -107,16 +107,17 @@ def test_pins_json_reports_wraps_and_touches_per_adapter():
     assert all(i["ok"] for a in out["adapters"] for i in a["wraps"] + a["touches"])
 
 
-def test_canary_cpu_model_lists_the_three_and_takes_a_comma_list():
+def test_canary_cpu_model_lists_the_models_and_takes_a_comma_list():
     from adapter.tools import cli
 
     parser = cli.build_parser()
     assert parser.parse_args(["canary", "--profile", "p"]).model == ["dense", "dsv4"]
-    assert parser.parse_args(["canary", "--profile", "p", "--cpu-model", "all"]).model == ["dense", "swa", "dsv4"]
+    assert parser.parse_args(["canary", "--profile", "p", "--cpu-model", "all"]).model == ["dense", "swa", "dsv4", "dsv41"]
     assert parser.parse_args(["canary", "--profile", "p", "--cpu-model", "both"]).model == ["dense", "swa"]
     assert parser.parse_args(["canary", "--profile", "p", "--cpu-model", "dsv4,dense"]).model == ["dsv4", "dense"]
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     helptext = sub.choices["canary"].format_help()
-    assert all(m in helptext for m in ("dense", "swa", "dsv4"))
+    assert all(m in helptext for m in ("dense", "swa", "dsv4", "dsv41"))
+    assert parser.parse_args(["canary", "--profile", "p", "--cpu-model", "dense,dsv41"]).model == ["dense", "dsv41"]
     with pytest.raises(SystemExit):
         parser.parse_args(["canary", "--profile", "p", "--cpu-model", "llama"])

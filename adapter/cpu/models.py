@@ -12,6 +12,10 @@ so attention and outputs depend on the context and greedy choices have clear mar
            hidden 256, 8 heads x 512 (448 nope + 64 rope), indexer 4 x 128, MoE 8 routed + 1 shared
            top-2 (layer 0 hash-routed), mHC x4; written under the checkpoint names the engine's
            `load_weights` reads, with DeepSeek's special tokens in the tokenizer
+    dsv41  DeepSeek-V4.1 (`model_type` deepseek_v41, the engine's own DeepseekV41Config), 4 layers
+           with compress ratios 0/2/1/1: kv- and index-source layers 1 (ratio 2) and 2 (ratio 1),
+           layer 2 the candidate source (8 blocks of 64), layer 3 a ratio-1 layer reading layer
+           2's latents and top-k; mHC pre-mix from the previous sublayer; the dsv4 sizes otherwise
 
 Built on first use into <repo>/.cache/cpu-models/<name>-<digest>/ (or $DSV41CPU_CACHE); the
 digest covers the recipe, so a recipe change builds a new directory.
@@ -83,6 +87,39 @@ DSV4_SPECIAL_TOKENS = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence
                        "<｜/box｜>", "<｜point｜>", "<｜/point｜>", "<｜polygon｜>", "<｜/polygon｜>",
                        "<｜ref｜>", "<｜/ref｜>"]
 
+# The tiny DeepSeek-V4.1 (SPEC "DeepSeek-V4.1 in the pinned engine"): the tiny V4 above made a
+# `deepseek_v41` through the engine's own DeepseekV41Config (a DeepseekV3Config: it accepts the
+# V4.1 ratios 1 and 2, which the native V4 config rejects). What the engine reads of it:
+# - compress_ratios 0/2/1/1: a ratio-0 layer (hash-routed, as num_hash_layers 1 needs before the
+#   late layers), then the V4.1 low-ratio layers (dsv41_sparse.py: DeepseekV41Compressor, no ape;
+#   DeepseekV41Indexer, fp4 index keys).
+# - kv_source_layer_ids [1, 2]: layers 1 (ratio 2) and 2 (ratio 1) own compressed latents; layer
+#   3 (ratio 1) shares layer 2's (the pool has one ratio-1 and one ratio-2 layer).
+# - index_source_layer_ids [1, 2, 3]: layers 1 and 2 own their index keys (wk, k_norm: they are
+#   kv sources); layer 3's indexer scores layer 2's keys with its own queries (wq_b,
+#   weights_proj) and, as a later layer than the candidate source, consumes its candidates.
+# - candidate_source_layer_id 2, candidate_topk_blocks 8 x candidate_block_size 64 (512 = the
+#   index_topk): on CPU the engine takes its dense-block candidate scheme (v41_indexer
+#   make_candidate_indexer: the DeepGEMM sparse table needs SM100+).
+# - --enable-decoder-swa-bounded-replay (the harness sets it, see adapter/cpu/server.py) asserts
+#   (deepseek_v4.py DeepseekV4Model): the last kv source (2) is also an index source and the
+#   candidate source, later layers compress at ratio 0 or 1 only (layer 3: 1), hash layers
+#   (1) come before late_layer_start (2). The late layers are 2 and 3.
+# - hc_pre_from_prev_sublayer (V4.1's default, True): no hc_head parameters; each sublayer's mHC
+#   pre-mix comes from the previous one (the engine's torch HcSubLayer on CPU).
+# - q_head_norm False (V4.1's default: the q path ropes without a per-head norm; True is V4's path,
+#   which the dsv4 model runs through the fused_q_norm_rope stand-in).
+# Off: engram (engram_layer_ids empty). Not attempted: its tables are fp8 with e8m0 block scales
+# (EngramEmbedding), its wkv block-quantized, its hasher builds a compressed vocabulary from the
+# tokenizer's normalizers and keeps per-request n-gram history; whether that runs on CPU is open.
+# The vision tower is off (vision_n_layers 0). Cost: ratio-1/2 layers keep every compressed
+# position (1 or 2 tokens per latent); 4 layers keep a boot near the dsv4 one.
+DSV41_CONFIG = dict(
+    DSV4_CONFIG, model_type="deepseek_v41", num_hidden_layers=4, compress_ratios=[0, 2, 1, 1],
+    kv_source_layer_ids=[1, 2], index_source_layer_ids=[1, 2, 3], candidate_source_layer_id=2,
+    candidate_topk_blocks=8, candidate_block_size=64, hc_pre_from_prev_sublayer=True,
+    q_head_norm=False, engram_layer_ids=[], vision_n_layers=0, first_k_dense_replace=0)
+
 RECIPES = {
     "dense": ModelRecipe("dense", "LlamaConfig", "LlamaForCausalLM",
                          dict(_COMMON, num_hidden_layers=2)),
@@ -92,7 +129,9 @@ RECIPES = {
                                          "sliding_attention", "full_attention"],
                             mlp_layer_types=["dense"] * 4)),
     "dsv4": ModelRecipe("dsv4", "DeepSeekV4Config", "DeepseekV4ForCausalLM", DSV4_CONFIG),
+    "dsv41": ModelRecipe("dsv41", "DeepseekV41Config", "DeepseekV41ForCausalLM", DSV41_CONFIG),
 }
+DEEPSEEK = ("dsv4", "dsv41")        # written without transformers' classes (_build_dsv4)
 
 
 def cache_root() -> pathlib.Path:
@@ -103,7 +142,7 @@ def cache_root() -> pathlib.Path:
 
 
 def ensure_model(name: str) -> pathlib.Path:
-    """The model directory for `name` ("dense" or "swa"), building it once (file-locked)."""
+    """The model directory for `name` (a RECIPES key), building it once (file-locked)."""
     if name not in RECIPES:
         raise ValueError(f"unknown CPU model {name!r}; choose one of {', '.join(RECIPES)}")
     recipe = RECIPES[name]
@@ -173,7 +212,7 @@ def resolve_transformers_names() -> None:
     import transformers
 
     for recipe in RECIPES.values():
-        if recipe.name == "dsv4":
+        if recipe.name in DEEPSEEK:
             continue        # written without transformers' classes (_build_dsv4)
         getattr(transformers, recipe.config_class)
         getattr(transformers, recipe.model_class)
@@ -208,7 +247,7 @@ def _build(recipe: ModelRecipe, out: pathlib.Path) -> None:
     import transformers
     from safetensors.torch import save_file
 
-    if recipe.name == "dsv4":
+    if recipe.name in DEEPSEEK:
         _build_dsv4(recipe, out)
         return
 
@@ -225,7 +264,7 @@ def _build(recipe: ModelRecipe, out: pathlib.Path) -> None:
 # --- dsv4 -------------------------------------------------------------------------------------
 
 def dsv4_checkpoint_shapes(config: dict) -> dict:
-    """{checkpoint name: shape} of the tiny DeepSeek-V4, in the names `load_weights` remaps (the
+    """{checkpoint name: shape} of the tiny DeepSeek-V4 / V4.1, in the names `load_weights` remaps (the
     engine fuses wq_a + wkv into wqkv_a, a compressor's wkv + wgate into wkv_gate, gate_proj +
     up_proj into gate_up_proj / the experts' w13)."""
     h, v = config["hidden_size"], config["vocab_size"]
@@ -234,9 +273,13 @@ def dsv4_checkpoint_shapes(config: dict) -> dict:
     hc, inter = config["hc_mult"], config["moe_intermediate_size"]
     ih, idim = config["index_n_heads"], config["index_head_dim"]
     mix = (2 + hc) * hc
+    v41 = config["model_type"] == "deepseek_v41"
     shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,),
-              "lm_head.weight": (v, h), "model.hc_head_fn": (hc, hc * h),
-              "model.hc_head_base": (hc,), "model.hc_head_scale": (1,)}
+              "lm_head.weight": (v, h)}
+    if not (v41 and config["hc_pre_from_prev_sublayer"]):
+        # the LM-head mixer; V4.1's pre-mix from the previous sublayer has none
+        shapes.update({"model.hc_head_fn": (hc, hc * h), "model.hc_head_base": (hc,),
+                       "model.hc_head_scale": (1,)})
     for i, ratio in enumerate(config["compress_ratios"]):
         p = f"model.layers.{i}."
         shapes.update({
@@ -268,6 +311,21 @@ def dsv4_checkpoint_shapes(config: dict) -> dict:
             compressors.append((p + "self_attn.indexer.compressor.", idim, ratio))
             shapes.update({p + "self_attn.indexer.wq_b.weight": (ih * idim, q_lora),
                            p + "self_attn.indexer.weights_proj.weight": (ih, h)})
+        if ratio in (1, 2):
+            # V4.1 (dsv41_sparse.py): only a kv source owns a compressor (wkv, + wgate at ratio
+            # 2: CPU keeps the split layout, fused_low_ratio_compress_supported() is False; no
+            # ape), only an index source an indexer (wk + k_norm when it also owns the latents)
+            compressors = []
+            if i in config["kv_source_layer_ids"]:
+                c = p + "self_attn.compressor."
+                shapes.update({c + "wkv.weight": (hd, h), c + "norm.weight": (hd,)})
+                if ratio == 2:
+                    shapes[c + "wgate.weight"] = (hd, h)
+            if i in config["index_source_layer_ids"]:
+                x = p + "self_attn.indexer."
+                shapes.update({x + "wq_b.weight": (ih * idim, q_lora), x + "weights_proj.weight": (ih, h)})
+                if i in config["kv_source_layer_ids"]:
+                    shapes.update({x + "wk.weight": (idim, hd), x + "k_norm.weight": (idim,)})
         for c, dim, r in compressors:
             coff = 2 if r == 4 else 1
             shapes.update({c + "ape": (r, coff * dim), c + "wkv.weight": (coff * dim, h),
@@ -308,10 +366,30 @@ def _dsv4_weights(config: dict) -> dict:
     return tensors
 
 
+def _dsv41_config_json(config: dict) -> dict:
+    """config.json of the tiny V4.1, built through the engine's own DeepseekV41Config (what the
+    engine loads it with: transformers' DeepseekV3Config underneath, rope_scaling as
+    rope_parameters), every V4.1 field written out; the checkpoint's architecture name
+    DeepseekV41ForCausalLM, which the engine rewrites to DeepseekV4ForCausalLM on load."""
+    from adapter.cpu import cpu_engine
+
+    cpu_engine.install_torchvision_shim()       # sglang.srt.configs imports torchvision
+    from sglang.srt.configs.deepseek_v41 import DeepseekV41Config
+
+    values = DeepseekV41Config(**config).to_dict()
+    values.update({k: v for k, v in config.items() if k not in values})   # class-level defaults
+    values["architectures"] = list(config["architectures"])
+    values.pop("_name_or_path", None)
+    values.pop("transformers_version", None)
+    return values
+
+
 def _build_dsv4(recipe: ModelRecipe, out: pathlib.Path) -> None:
     from safetensors.torch import save_file
 
     config = dict(recipe.config, architectures=[recipe.model_class])
+    if recipe.config["model_type"] == "deepseek_v41":
+        config = _dsv41_config_json(config)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     special = DSV4_SPECIAL_TOKENS
     _build_tokenizer(out, special_tokens=special, bos=special[0], eos=special[1], pad=special[2])

@@ -18,7 +18,11 @@ on `port`; a node r > 0 runs only its schedulers and the engine's health stub, o
 own (on the cluster every node uses the same port on its own host). Each node is a process group
 of its own; `stop()` ends them all (node 0 first: it broadcasts the engine's shutdown).
 
-The boot is the line it is given: the harness sets no DSV41_* key of its own. Where the harness
+The boot is the line it is given: the harness sets no DSV41_* key of its own. Per model it adds
+the launch args of MODEL_HARNESS_ARGS to control and production line alike: the engine's own
+defaults on the cluster's hardware that it does not resolve on CPU (dsv41:
+--enable-decoder-swa-bounded-replay, the engine's V4.1 default on CUDA); `harness_args` lists
+them, and reports print them with their reason. Where the harness
 calls admin routes (`admin_calls=True`: flush_cache() between scenarios, /abort_request) and the
 line closes them (admin_guard on, no --admin-api-key), it empties the cache as an operator would:
 the boot gets the engine's own `--admin-api-key` with a random key per boot (`harness_args`,
@@ -72,11 +76,25 @@ DEFAULT_ARGS = {"--max-total-tokens": "8192", "--chunked-prefill-size": "1024"}
 # pool only (adapter/cpu/dsv4/kv_pool.py).
 MODEL_CPU_ARGS = {"dsv4": {"--attention-backend": "dsv4", "--dtype": "bfloat16",
                            "--mem-fraction-static": "0.3"}}
+MODEL_CPU_ARGS["dsv41"] = MODEL_CPU_ARGS["dsv4"]
 # --swa-full-tokens-ratio 0.25 (SWA pool 2048 of 8192): at the engine's 0.1 (768 = 3 pages of 256)
 # a request whose radix hit locks one SWA page never passes the prefill admission (SWA needed 512
 # is not < the 512 left, and it is not a permanent shortfall, so the scheduler waits for ever).
 MODEL_DEFAULT_ARGS = {"dsv4": {"--dsa-topk-backend": "torch", "--page-size": "256",
                                "--chunked-prefill-size": "512", "--swa-full-tokens-ratio": "0.25"}}
+# model="dsv41" (the tiny DeepSeek-V4.1): the dsv4 route and sizes. --swa-full-tokens-ratio stays
+# explicit: the engine's 0.1 override skips deepseek_v41 (model_overrides/deepseek_v4.py), whose
+# SWA pool it sizes from the request cap instead, on the cluster as here (docs/cpu_server.md).
+MODEL_DEFAULT_ARGS["dsv41"] = MODEL_DEFAULT_ARGS["dsv4"]
+DEEPSEEK_MODELS = ("dsv4", "dsv41")
+# Launch args the harness adds to every boot of a model, control and production line alike, each
+# with why: the engine's own V4.1 defaults that it resolves on CUDA but not on CPU, so that the
+# CPU boot runs what the cluster runs. A line that names the flag itself (or its --no- form) keeps
+# its own. Reports print them beside the line (canary: under "scaled").
+BOUNDED_REPLAY_FLAG = "--enable-decoder-swa-bounded-replay"
+MODEL_HARNESS_ARGS = {"dsv41": {BOUNDED_REPLAY_FLAG: (
+    "", "the engine's V4.1 default on CUDA (arg_groups/deepseek_v4_hook.py "
+        "validate_deepseek_v41_features resolves it on for CUDA/HIP, off on CPU)")}}
 BOOT_TIMEOUT_S = 240.0
 LAUNCHER_ROLE = "launcher (HTTP + tokenizer manager)"
 
@@ -211,7 +229,7 @@ def release_port(port: int) -> None:
 
 @dataclasses.dataclass(eq=False)
 class CpuServer:
-    model: str                                  # "dense" | "swa" | "dsv4" (adapter/cpu/models.py)
+    model: str                                  # "dense" | "swa" | "dsv4" | "dsv41" (adapter/cpu/models.py)
     keys: Mapping[str, str] = dataclasses.field(default_factory=dict)   # DSV41_* keys
     args: Mapping[str, Optional[str]] = dataclasses.field(default_factory=dict)  # launch args
     name: str = ""
@@ -273,11 +291,13 @@ class CpuServer:
         env["PYTHONPATH"] = os.pathsep.join([str(HARNESS_SITE), *([str(REPO_ROOT)] if REPO_ROOT else [])])
         env["SGLANG_USE_CPU_ENGINE"] = "1"
         env["DSV41CPU_LOG_DIR"] = str(self.log_dir)
-        if self.model == "dsv4":
+        if self.model in DEEPSEEK_MODELS:
             from adapter.cpu.dsv4 import ENGINE_ENV
 
             env.update(ENGINE_ENV)
             env["DSV41CPU_DSV4"] = "1"
+        if self.model == "dsv41":
+            env["DSV41CPU_DSV41"] = "1"
         env.update(self.extra_env)
         env.setdefault("OMP_NUM_THREADS", "1")
         tp = int(self.args.get("--tp-size") or 1)
@@ -306,8 +326,12 @@ class CpuServer:
             self.log_dir = pathlib.Path(tempfile.mkdtemp(prefix=f"dsv41-cpu-{self.name or self.model}-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port()
+        self.harness_args = {}
+        for flag, (value, _why) in MODEL_HARNESS_ARGS.get(self.model, {}).items():
+            if flag not in self.args and "--no-" + flag[2:] not in self.args:
+                self.harness_args[flag] = value
         if self.admin_calls and closes_admin_routes(self.keys, self.args):
-            self.harness_args = {ADMIN_KEY_FLAG: secrets.token_hex(16)}    # one per boot
+            self.harness_args[ADMIN_KEY_FLAG] = secrets.token_hex(16)    # one per boot
         if self.nodes > 1:
             self.dist_port = self.dist_port or free_port()
             self.node_ports = self.node_ports or [free_port() for _ in range(self.nodes - 1)]

@@ -49,6 +49,9 @@ CADENCE_PREFILL = {"dense": 12288}
 SCALED_KEYS = {"dsv4": {"DSV41_SWA_CONE_TOKENS": (
     "512", "the tiny DeepSeek-V4's pool holds 8192 tokens: a replay of the profile's N would "
            "start at 0 (cone declines); 512 = one chunk, past the model's 3-layer receptive cone")}}
+SCALED_KEYS["dsv41"] = {"DSV41_SWA_CONE_TOKENS": (
+    "512", "the tiny DeepSeek-V4.1's pool holds 8192 tokens: a replay of the profile's N would "
+           "start at 0 (cone declines); 512 = one chunk")}
 # input_guard's effect: one /generate whose prompt holds an id outside the vocabulary, sent to the
 # line's boot after its other traffic (stock 0.5.23's scheduler dies on it; it is not sent to the
 # control, whose traffic and logs the report compares; tests/e2e/test_e2e_faults.py shows it).
@@ -64,7 +67,7 @@ ADMIN_REQUEST = ("POST", "/dump_expert_distribution_record")
 # line's, so admin_guard's probe is not sent there. The dense model's scenarios need no flush: its
 # cadence prompt shares no prefix with the equality traffic (page 1: a first token in common
 # would) and the pool evicts that traffic as it fills, so a dense boot is the line exactly.
-FLUSHING = {"window": ("swa", "dsv4"), "idle": ("swa", "dsv4"), "cadence": ("dsv4",),
+FLUSHING = {"window": ("swa", "dsv4", "dsv41"), "idle": ("swa", "dsv4"), "cadence": ("dsv4",),
             "calibration": ("dense", "swa", "dsv4")}
 HARNESS_ADMIN_KEY = ("the harness empties the radix cache between its scenarios through the "
                      "engine's admin route /flush_cache with the engine's own admin key, as an "
@@ -245,6 +248,16 @@ def flushes(model: str, scenarios) -> bool:
     return any(model in FLUSHING.get(name, ()) for name in scenarios)
 
 
+def harness_arg_why(model: str, flag: str) -> str:
+    """Why the harness added `flag` to a boot of `model`: the admin key (HARNESS_ADMIN_KEY), or
+    the reason adapter/cpu/server.py MODEL_HARNESS_ARGS gives (the engine's V4.1 defaults)."""
+    from adapter.cpu.server import ADMIN_KEY_FLAG, MODEL_HARNESS_ARGS
+
+    if flag == ADMIN_KEY_FLAG:
+        return HARNESS_ADMIN_KEY
+    return MODEL_HARNESS_ARGS.get(model, {}).get(flag, ("", "added by the CPU harness"))[1]
+
+
 def run_config(model: str, keys: dict, args: dict, *,
                scenarios=("equality", "window", "idle", "cadence", "bad_input", "admin"),
                progress: Optional[Callable[[str], None]] = None, name: str = "",
@@ -264,7 +277,7 @@ def run_config(model: str, keys: dict, args: dict, *,
     admin_calls: the harness calls admin routes on this boot (CpuServer admin_calls; default:
     whether the scenarios flush on this model, flushes()); an on_server that calls one passes
     True. What the harness added to the line is in run.harness_args (the key's value masked)."""
-    from adapter.cpu.server import BootError, CpuServer
+    from adapter.cpu.server import ADMIN_KEY_FLAG, DEEPSEEK_MODELS, BootError, CpuServer
     from adapter.tools import traffic
 
     say = progress or (lambda msg: None)
@@ -278,13 +291,16 @@ def run_config(model: str, keys: dict, args: dict, *,
     try:
         say(f"{name or model}: booting ({model} model, {len(keys)} DSV41 keys)")
         server.start()
-        run.harness_args = {flag: "<random per boot>" for flag in server.harness_args}
+        # the admin key's value masked; the harness's per-model args as they are ("" = a switch)
+        run.harness_args = {flag: "<random per boot>" if flag == ADMIN_KEY_FLAG else (value or "on")
+                            for flag, value in server.harness_args.items()}
         run.boot_s = round(server.boot_s, 1)
         say(f"{name or model}: up in {run.boot_s:.0f}s; equality traffic")
         chunk = int(merged["--chunked-prefill-size"])
         if "equality" in scenarios:
-            run.records = traffic.equality_run(server, chunk, one_batch=model == "dsv4")
-        window = {"swa": traffic.window_resume, "dsv4": traffic.dsv4_window_resume}.get(model)
+            run.records = traffic.equality_run(server, chunk, one_batch=model in DEEPSEEK_MODELS)
+        window = {"swa": traffic.window_resume, "dsv4": traffic.dsv4_window_resume,
+                  "dsv41": traffic.dsv4_window_resume}.get(model)
         if "window" in scenarios and window is not None:
             server.flush_cache()
             say(f"{name or model}: lost-window resume")
@@ -310,7 +326,7 @@ def run_config(model: str, keys: dict, args: dict, *,
             say(f"{name or model}: one request with a prompt id outside the vocabulary")
             run.bad_input = bad_input_probe(server)
         if "admin" in scenarios and key_registry.parse_env(keys).enabled("admin_guard"):
-            if server.harness_args:
+            if ADMIN_KEY_FLAG in server.harness_args:
                 run.admin = {"skipped": "not sent: the boot carries the harness's --admin-api-key "
                                         "(scaled), so its admin routes are keyed, not the line's"}
             else:
@@ -649,7 +665,7 @@ def main(args, run: Callable = run_config) -> int:
             for flag, value in getattr(runs[label], "harness_args", {}).items():
                 # what the boot has that the line has not: printed with the scaled keys
                 report["scaled"][f"{flag} unset -> {value} ({model} "
-                                 f"{'control' if label == 'control' else args.line})"] = HARNESS_ADMIN_KEY
+                                 f"{'control' if label == 'control' else args.line})"] = harness_arg_why(model, flag)
         report["models"][model] = model_report(model, runs["control"], runs["line"])
         if agent is not None:
             add_agent_report(report["models"][model], agent, runs["control"], runs["line"])
@@ -662,13 +678,14 @@ def main(args, run: Callable = run_config) -> int:
 def agent_plan(model: str, workdir: pathlib.Path) -> dict:
     """`--traffic agent`: {"args", "on_server"} of adapter/tools/agent_traffic.canary_setup for a
     model with a canary-sized agent workload; {"skipped": why} for one without (the dense model:
-    no sliding window, nothing for thin or cone to act on)."""
+    no sliding window, nothing for thin or cone to act on; dsv41: not sized yet)."""
     from adapter.tools import agent_traffic
 
     if (model, "canary") not in agent_traffic.SCALES:
         have = ", ".join(m for m, s in agent_traffic.SCALES if s == "canary")
-        return {"skipped": f"not run on the {model} model (no sliding window for thin or cone to act "
-                           f"on; the workload runs on {have})"}
+        why = ("no canary-sized agent workload for the tiny DeepSeek-V4.1 yet" if model == "dsv41"
+               else "no sliding window for thin or cone to act on")
+        return {"skipped": f"not run on the {model} model ({why}; the workload runs on {have})"}
     args, on_server = agent_traffic.canary_setup(model, workdir / model)
     return {"args": args, "on_server": on_server}
 

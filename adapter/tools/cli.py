@@ -201,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
                     metavar="MODELS",
                     help="tiny CPU models, a comma list of " + ", ".join(
                         f"{m} ({kind})" for m, kind in CPU_MODELS.items())
-                    + "; all = the three; both = dense,swa (default dense,dsv4)")
+                    + "; all = every one; both = dense,swa (default dense,dsv4)")
     cn.add_argument("--nodes", type=int, default=1, metavar="N",
                     help="boot both lines as the cluster's topology on this machine: --tp-size N "
                          "over N launch processes (--nnodes N on 127.0.0.1) (default 1)")

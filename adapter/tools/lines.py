@@ -24,12 +24,12 @@ KEPT_ARGS = {"--prefill-decode-interval", "--swa-prefix-tails", "--radix-evictio
 # Why the others are dropped, by flag (anything not named: "not meaningful on the CPU harness").
 IGNORED_WHY = {
     "--tp-size": "one CPU rank (TP 2 on CPU: tests/e2e)", "--nnodes": "one host",
-    "--page-size": "dense / swa: the engine's default page for torch_native; dsv4: 256 (the same)",
+    "--page-size": "dense / swa: the engine's default page for torch_native; dsv4 / dsv41: 256 (the same)",
     "--chunked-prefill-size": "set per CPU model (MODEL_ARGS)",
-    "--dsv4-attn-backend": "dsv4: the engine's SM120 route with CPU stand-ins for its kernels "
-                           "(docs/cpu_server.md)",
-    "--kv-cache-dtype": "dense / swa: float32 on CPU; dsv4: the engine's fp8_e4m3 (the same)",
-    "--context-length": "the tiny models' own (dense / swa 32K, dsv4 8K)",
+    "--dsv4-attn-backend": "dsv4 / dsv41: the engine's SM120 route with CPU stand-ins for its "
+                           "kernels; flashmla, as the engine resolves it (docs/cpu_server.md)",
+    "--kv-cache-dtype": "dense / swa: float32 on CPU; dsv4 / dsv41: the engine's fp8_e4m3 (the same)",
+    "--context-length": "the tiny models' own (dense / swa 32K, dsv4 / dsv41 8K)",
     "--model-path": "the tiny CPU models", "--served-model-name": "not used",
 }
 # Per CPU model: chunk, pool sizes. Dense: 4,096-token chunks, so that the cost model plans more
@@ -46,8 +46,11 @@ MODEL_ARGS = {
     # resume's new tokens, so rows past the resume point read the copied pages (at 512 = N the
     # engine's checkpoint after the pass points them back at the resident ones).
     "dsv4": {"--chunked-prefill-size": "1024", "--enable-metrics": ""},
+    # DeepSeek-V4.1: the harness's 512-token chunks (no window / idle scenario here yet: the
+    # equality set, whose chunked prompt is then 1,280 tokens), --enable-metrics for swan's calls
+    "dsv41": {"--chunked-prefill-size": "512", "--enable-metrics": ""},
 }
-CPU_MODELS = {"dense": "Llama", "swa": "hybrid-SWA Mellum", "dsv4": "DeepSeek-V4"}
+CPU_MODELS = {"dense": "Llama", "swa": "hybrid-SWA Mellum", "dsv4": "DeepSeek-V4", "dsv41": "DeepSeek-V4.1"}
 
 
 def load_checked_lines(path, *names) -> list:
@@ -102,7 +105,7 @@ def add_cpu_model_arg(p: argparse.ArgumentParser, choices, default) -> None:
 
 
 def cpu_models(value: str) -> list[str]:
-    """--cpu-model of `dsv41 canary`: one model, a comma list ("dense,dsv4"), "all" (the three)
+    """--cpu-model of `dsv41 canary`: one model, a comma list ("dense,dsv4"), "all" (every one)
     or "both" (dense,swa: the default before the DeepSeek-V4 model, kept for scripts)."""
     if value == "all":
         return list(CPU_MODELS)

@@ -83,7 +83,8 @@ CONFIGS = {   # name -> (keys, args)
 SCENARIOS = {"cone_no_copy": ("window",), "stock_again": ("equality",)}   # else the default set
 # Which adapter-alone configurations each model boots (T=0 equality with stock and the effects).
 ALONE = {"dense": ("decode_yield", "autotune_keep", "stock_again"),
-         "dsv4": ("autotune_keep", "cone_no_copy")}
+         "dsv4": ("autotune_keep", "cone_no_copy"),
+         "dsv41": ("autotune_keep",)}          # the control line (tests/e2e/test_e2e_dsv41.py)
 WATCH = "prometheus_client"
 
 
@@ -119,6 +120,23 @@ def _scrape(server) -> dict:
     resp = requests.get(server.url + "/metrics", timeout=30)
     (server.log_dir / "metrics.txt").write_text(resp.text)       # beside the process logs
     return {"metrics_status": resp.status_code, "metrics_text": resp.text}
+
+
+# What the engine resolved for a DeepSeek-V4.1 boot (its /server_info: the launcher's resolved
+# server args, from which each scheduler's get_exec().features are built).
+SERVER_INFO_FIELDS = ("enable_decoder_swa_bounded_replay", "enable_encoder_swa_bounded_replay",
+                      "dsv4_attn_backend", "swa_full_tokens_ratio", "page_size", "kv_cache_dtype",
+                      "attention_backend", "chunked_prefill_size")
+
+
+def _with_server_info(inner, server) -> dict:
+    """After the traffic: `inner`'s extras (None: nothing) plus the resolved SERVER_INFO_FIELDS."""
+    import requests
+
+    out = dict(inner(server) if inner is not None else {})
+    info = requests.get(server.url + "/server_info", timeout=30).json()
+    out["server_info"] = {k: info.get(k) for k in SERVER_INFO_FIELDS}
+    return out
 
 
 class Boots:
@@ -183,6 +201,8 @@ class Boots:
 
                 def on_server(server, prom=prom):
                     return dict(_scrape(server), prometheus_dir=str(prom))
+        if model == "dsv41":
+            on_server = functools.partial(_with_server_info, on_server)
         return args, env, on_server, add
 
     def run(self, model, keys, args, progress=None, name="", scenarios=None):

@@ -21,6 +21,9 @@ then runs the next sitecustomize on sys.path: the repo's own, exactly as product
   8. DSV41CPU_DSV4=1 (model="dsv4"): the DeepSeek-V4 stand-ins for the GPU kernels, rebound in
      each engine module as it imports, the GB10 (SM120) platform, and the engine's CPU fp8-KV
      refusal lifted for the V4 pool only (adapter/cpu/dsv4/).
+  8b. DSV41CPU_DSV41=1 (model="dsv41", beside DSV41CPU_DSV4=1): the stand-ins for the kernels
+     only the DeepSeek-V4.1 forward reaches (fp4 index-K store, compressed-KV store, fp4 index
+     decode logits), rebound as their engine modules import (adapter/cpu/dsv41/).
   9. DSV41CPU_FREE_MEMORY_MB=<MB> / DSV41CPU_DSV4_CAP_SIZING=1 (benches only): a fixed KV budget
      for the engine's own pool sizing, and its cap-mode SWA sizing on the tiny V4 model
      (adapter/cpu/pool_budget.py).
@@ -75,6 +78,10 @@ def _arm():
         from adapter.cpu import dsv4
 
         dsv4.install()
+    if os.environ.get("DSV41CPU_DSV41") == "1":
+        from adapter.cpu import dsv41
+
+        dsv41.install()
     if os.environ.get("DSV41CPU_FREE_MEMORY_MB") or os.environ.get("DSV41CPU_DSV4_CAP_SIZING") == "1":
         from adapter.cpu import pool_budget
 
