@@ -37,6 +37,7 @@ def test_only_scenarios_that_empty_the_cache_ask_for_admin_calls():
     default = ("equality", "window", "idle", "cadence", "bad_input", "admin")
     assert not canary.flushes("dense", default)       # the dense production boot is the line exactly
     assert canary.flushes("dsv4", default) and canary.flushes("swa", default)
+    assert canary.flushes("dsv41", default)
     assert canary.flushes("dense", default + ("calibration",))
     assert not canary.flushes("dsv4", ("equality", "bad_input", "admin"))
 
@@ -44,7 +45,7 @@ def test_only_scenarios_that_empty_the_cache_ask_for_admin_calls():
 def test_the_report_lists_the_harness_admin_key_as_a_difference_and_skips_the_probe(capsys):
     def fake_run(model, keys, args, progress=None, name="", **extra):
         run = canary.ConfigRun(model, dict(keys), dict(args))
-        if model == "dsv4" and keys.get("DSV41_ADMIN_GUARD"):
+        if model == "dsv41" and keys.get("DSV41_ADMIN_GUARD"):
             run.harness_args = {"--admin-api-key": "<random per boot>"}
             run.admin = {"skipped": "not sent: the boot carries the harness's --admin-api-key"}
         return run
@@ -53,13 +54,13 @@ def test_the_report_lists_the_harness_admin_key_as_a_difference_and_skips_the_pr
     canary.main(args, run=fake_run)
     report = json.loads(capsys.readouterr().out)
     added = [k for k in report["scaled"] if k.startswith("--admin-api-key")]
-    assert added == ["--admin-api-key unset -> <random per boot> (dsv4 production)"]
-    effect = report["models"]["dsv4"]["adapters"]["admin_guard"]["effect"]
+    assert added == ["--admin-api-key unset -> <random per boot> (dsv41 production)"]
+    effect = report["models"]["dsv41"]["adapters"]["admin_guard"]["effect"]
     assert effect["admin_request"].startswith("not sent")
     assert canary._effect_failed("admin_guard", effect) is None
     args.json = False
     canary.main(args, run=fake_run)
     table = capsys.readouterr().out
     scaled = next(ln for ln in table.splitlines() if ln.startswith("scaled to the CPU model:"))
-    assert "--admin-api-key unset -> <random per boot> (dsv4 production)" in scaled
+    assert "--admin-api-key unset -> <random per boot> (dsv41 production)" in scaled
     assert "DSV41_ADMIN_GUARD_TEST" not in table

@@ -111,7 +111,7 @@ def test_canary_cpu_model_lists_the_models_and_takes_a_comma_list():
     from adapter.tools import cli
 
     parser = cli.build_parser()
-    assert parser.parse_args(["canary", "--profile", "p"]).model == ["dense", "dsv4"]
+    assert parser.parse_args(["canary", "--profile", "p"]).model == ["dense", "dsv41"]   # issue 48
     assert parser.parse_args(["canary", "--profile", "p", "--cpu-model", "all"]).model == ["dense", "swa", "dsv4", "dsv41"]
     assert parser.parse_args(["canary", "--profile", "p", "--cpu-model", "both"]).model == ["dense", "swa"]
     assert parser.parse_args(["canary", "--profile", "p", "--cpu-model", "dsv4,dense"]).model == ["dsv4", "dense"]

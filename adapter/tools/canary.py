@@ -43,6 +43,17 @@ from adapter.tools.lines import (IGNORED_WHY, KEPT_ARGS, MODEL_ARGS, cpu_models,
 # 8K are worth 150-250 steps, the cap cuts them and the share falls to ~0.25 by design:
 # docs/decode_yield.md "On this machine"). On the cluster a chunk is worth 10-25 steps.
 CADENCE_PREFILL = {"dense": 12288}
+# DeepSeek-V4.1: the engine's own SWA bounded replays, as each boot resolved them, are printed
+# (the decoder one is the engine's default on the cluster; the harness sets it: adapter/cpu/server.py).
+REPLAY_MODELS = ("dsv41",)
+# The T=0 comparison's logprob tolerance where the model's numbers move with the batch's shape
+# (else traffic.LOGPROB_TOL). The tiny DeepSeek-V4.1 (bf16 activations, fp32 mHC mixes): torch's
+# fp32 linear on CPU takes another kernel for one row than for several (a row alone differed from
+# the same row in a batch of two in 4-14 of 4-24 outputs), and decode yield changes the decode
+# batches by design, so a logprob moved by up to 1.7e-3 with its ids equal (3 of 9 pairs,
+# docs/cpu_server.md); ids must still be equal everywhere.
+LOGPROB_TOL = {"dsv41": 1e-2}
+BOUNDED_REPLAY_FIELDS = ("enable_decoder_swa_bounded_replay", "enable_encoder_swa_bounded_replay")
 # Keys scaled to a CPU model's pools, by model: {key: (value, why)}. The tiny DeepSeek-V4's full
 # pool is 8192 tokens, so the profile's cone replay of 8192 would start every replay at 0, never
 # past the stock hit, and cone would decline everywhere (traffic.DSV4_CONE_TOKENS says why 512).
@@ -67,7 +78,8 @@ ADMIN_REQUEST = ("POST", "/dump_expert_distribution_record")
 # line's, so admin_guard's probe is not sent there. The dense model's scenarios need no flush: its
 # cadence prompt shares no prefix with the equality traffic (page 1: a first token in common
 # would) and the pool evicts that traffic as it fills, so a dense boot is the line exactly.
-FLUSHING = {"window": ("swa", "dsv4", "dsv41"), "idle": ("swa", "dsv4"), "cadence": ("dsv4",),
+FLUSHING = {"window": ("swa", "dsv4", "dsv41"), "idle": ("swa", "dsv4", "dsv41"),
+            "cadence": ("dsv4", "dsv41"),
             "calibration": ("dense", "swa", "dsv4")}
 HARNESS_ADMIN_KEY = ("the harness empties the radix cache between its scenarios through the "
                      "engine's admin route /flush_cache with the engine's own admin key, as an "
@@ -300,17 +312,18 @@ def run_config(model: str, keys: dict, args: dict, *,
         if "equality" in scenarios:
             run.records = traffic.equality_run(server, chunk, one_batch=model in DEEPSEEK_MODELS)
         window = {"swa": traffic.window_resume, "dsv4": traffic.dsv4_window_resume,
-                  "dsv41": traffic.dsv4_window_resume}.get(model)
+                  "dsv41": traffic.dsv41_window_resume}.get(model)
         if "window" in scenarios and window is not None:
             server.flush_cache()
             say(f"{name or model}: lost-window resume")
             run.window = window(server)
-        idle = {"swa": traffic.idle_session_resume, "dsv4": traffic.dsv4_idle_session_resume}.get(model)
+        idle = {"swa": traffic.idle_session_resume, "dsv4": traffic.dsv4_idle_session_resume,
+                "dsv41": traffic.dsv41_idle_session_resume}.get(model)
         if "idle" in scenarios and idle is not None:
             server.flush_cache()
             say(f"{name or model}: idle session resume after sub-agent turns")
             run.idle = idle(server)
-        if "cadence" in scenarios and model == "dsv4":
+        if "cadence" in scenarios and model in ("dsv4", "dsv41"):
             server.flush_cache()
             say(f"{name or model}: a decode stream beside a chunked prefill")
             run.beside = traffic.decode_beside_chunked_prefill(server)
@@ -336,6 +349,13 @@ def run_config(model: str, keys: dict, args: dict, *,
             import requests
 
             run.metrics = requests.get(server.url + "/metrics", timeout=30).text
+        if model in REPLAY_MODELS:
+            # what the engine resolved for this boot (its /server_info: the launcher's resolved
+            # server args, which every scheduler's get_exec().features is built from)
+            import requests
+
+            info = requests.get(server.url + "/server_info", timeout=30).json()
+            run.extras["bounded_replay"] = {k: info.get(k) for k in BOUNDED_REPLAY_FIELDS}
         if on_server is not None:
             run.extras.update(on_server(server) or {})
     except BootError as exc:
@@ -474,6 +494,19 @@ def _effect(adapter: str, line: ConfigRun, control: ConfigRun) -> dict:
         if line.window and control.window:
             out["lost_window_resume_cached_control"] = control.window["resume"].cached_tokens
             out["lost_window_resume_cached_line"] = line.window["resume"].cached_tokens
+        if line.window and (control.window or {}).get("hit") is not None:
+            # beside the engine's decoder SWA bounded replay (dsv41): the replayed resume against
+            # the control's same prompt as a prefix hit at F (the T=0 reference: records_of), and
+            # against its cold re-prefill (the distance an operator gives up nothing of)
+            from adapter.tools import traffic
+
+            resume, hit = line.window["resume"], control.window["hit"]
+            cold = traffic.compare([control.window["resume"]], [resume])
+            out["plan_F"] = [int(m.group(1)) for ln in line.dsv41_lines(adapter) if " plan " in ln
+                             for m in [re.search(r" F=(\d+) ", ln)] if m]
+            out["hit_at_F_cached_control"] = hit.cached_tokens
+            out["resume_vs_cold_ids_equal"] = control.window["resume"].ids == resume.ids
+            out["resume_vs_cold_max_logprob_diff"] = cold.max_logprob_diff
         return out
     if adapter == "input_guard" and line.bad_input:
         return {"bad_request": line.bad_input["request"], "line_status": line.bad_input["status"],
@@ -508,6 +541,11 @@ def _effect_failed(adapter: str, effect: dict) -> Optional[str]:
         return (f"admin_guard: {effect['admin_request']} got {effect['line_status']} (names "
                 f"--admin-api-key: {effect['names_flag']}), served after: "
                 f"{effect['line_served_after']} (expected 403 naming the flag, and served)")
+    if adapter == "swa_cone" and "hit_at_F_cached_control" in effect and effect["plans"] and (
+            len(set(effect["plan_F"])) != 1 or effect["hit_at_F_cached_control"] != effect["plan_F"][0]):
+        return (f"swa_cone: the reference hit (cached {effect['hit_at_F_cached_control']}) is not "
+                f"at the replay's F {effect['plan_F']}: the scenario's pool changed "
+                "(traffic.DSV4_WINDOW_F)")
     if adapter == "swan" and effect.get("selfcheck", {}).get("failed"):
         return (f"swan: the self-check failed on {effect['selfcheck']['failed']} decode key(s) "
                 "(the in-place read differs from the stock split; those keys keep the split)")
@@ -517,11 +555,24 @@ def _effect_failed(adapter: str, effect: dict) -> Optional[str]:
     return None
 
 
-def records_of(run: ConfigRun) -> list:
-    """Every compared record of a run: the equality set, then the scenarios' requests."""
+def records_of(run: ConfigRun, reference_for: Optional[ConfigRun] = None) -> list:
+    """Every compared record of a run: the equality set, then the scenarios' requests.
+
+    reference_for: `run` is the control and these are the answers the line's are held to. Where
+    the line's lost-window resume was a cone replay beside the engine's decoder SWA bounded
+    replay (dsv41: the window scenario served a prefix hit at F too, traffic.prefix_hit), its
+    reference is the control's prefix hit at F, not the control's cold re-prefill: under that
+    flag a resume's answer depends on where its passes start, and cone's replay ends its passes
+    where a hit at F does (docs/swa_cone.md). The cold distance is cone's effect."""
     out = list(run.records)
     if run.window:
-        out += [run.window["doc"], run.window["resume"]]
+        resume = run.window["resume"]
+        hit = run.window.get("hit")
+        line_window = reference_for.window if reference_for is not None else None
+        if hit is not None and line_window and line_window["resume"].cached_tokens > 0 and any(
+                " plan " in ln for ln in reference_for.dsv41_lines("swa_cone")):
+            resume = dataclasses.replace(hit, name=resume.name)
+        out += [run.window["doc"], resume]
     if run.idle:
         out += [run.idle["session"], run.idle["resume"]]
     if run.beside:
@@ -529,11 +580,20 @@ def records_of(run: ConfigRun) -> list:
     return out
 
 
+def compare_runs(model: str, control: ConfigRun, line: ConfigRun):
+    """T=0 comparison of a line's records with the control's (records_of's references), at the
+    model's logprob tolerance (LOGPROB_TOL): a traffic.Comparison."""
+    from adapter.tools import traffic
+
+    return traffic.compare(records_of(control, reference_for=line), records_of(line),
+                           tol=LOGPROB_TOL.get(model, traffic.LOGPROB_TOL))
+
+
 def model_report(model: str, control: ConfigRun, line: ConfigRun) -> dict:
     from adapter.tools import traffic
 
     settings = key_registry.parse_env(line.keys)
-    eq = traffic.compare(records_of(control), records_of(line))
+    eq = compare_runs(model, control, line)
     adapters = {}
     for name in ADAPTERS:
         enabled = settings.enabled(name)
@@ -564,8 +624,10 @@ def model_report(model: str, control: ConfigRun, line: ConfigRun) -> dict:
                      if a["enabled"] and not any(v for r, v in a["installed"].items()
                                                  if r.startswith(install_process(n)))]
     ok = not errors and not not_installed and eq.ok and bool(line.records) and bool(control.records)
+    replay = {label: run.extras.get("bounded_replay") for label, run in (("control", control), ("line", line))
+              if run.extras.get("bounded_replay")}
     return {"ok": ok, "equality": eq.as_json(), "adapters": adapters, "errors": errors,
-            "not_installed": not_installed,
+            "not_installed": not_installed, "bounded_replay": replay,
             "control": {"keys": control.keys, "args": control.args, "boot_s": control.boot_s,
                         "log_dir": control.log_dir},
             "line": {"keys": line.keys, "args": line.args, "boot_s": line.boot_s, "log_dir": line.log_dir}}
@@ -583,6 +645,12 @@ def format_report(report: dict) -> str:
         out.append(f"\n[{model}] T=0 equality {eq['equal']} of {eq['total']} (max logprob diff "
                    f"{eq['max_logprob_diff']:.2e}); boots control {m['control']['boot_s']}s, line "
                    f"{m['line']['boot_s']}s")
+        replay = m.get("bounded_replay") or {}
+        if replay:
+            out.append("  decoder SWA bounded replay " + ", ".join(
+                f"{label} {'on' if r.get('enable_decoder_swa_bounded_replay') else 'off'}"
+                for label, r in replay.items()) + " (as the engine resolved it: /server_info; on "
+                "the cluster the engine's default for DeepSeek-V4.1)")
         out.append(f"  {'adapter':14s} {'installed (per process)':42s} effect / lines")
         for name, a in m["adapters"].items():
             if not a["enabled"]:

@@ -197,11 +197,12 @@ def build_parser() -> argparse.ArgumentParser:
     cn = sub.add_parser("canary", help="boot a profile line and its control in a real CPU server; "
                                        "same traffic through both; per-adapter report")
     add_line_args(cn, against="control", what="the line under test")
-    cn.add_argument("--cpu-model", dest="model", type=cpu_models, default="dense,dsv4",
+    cn.add_argument("--cpu-model", dest="model", type=cpu_models, default="dense,dsv41",
                     metavar="MODELS",
                     help="tiny CPU models, a comma list of " + ", ".join(
                         f"{m} ({kind})" for m, kind in CPU_MODELS.items())
-                    + "; all = every one; both = dense,swa (default dense,dsv4)")
+                    + "; all = every one; both = dense,swa; the tiny DeepSeek-V4.1 is the model the "
+                    "cluster serves (default %(default)s)")
     cn.add_argument("--nodes", type=int, default=1, metavar="N",
                     help="boot both lines as the cluster's topology on this machine: --tp-size N "
                          "over N launch processes (--nnodes N on 127.0.0.1) (default 1)")

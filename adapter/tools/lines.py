@@ -46,9 +46,10 @@ MODEL_ARGS = {
     # resume's new tokens, so rows past the resume point read the copied pages (at 512 = N the
     # engine's checkpoint after the pass points them back at the resident ones).
     "dsv4": {"--chunked-prefill-size": "1024", "--enable-metrics": ""},
-    # DeepSeek-V4.1: the harness's 512-token chunks (no window / idle scenario here yet: the
-    # equality set, whose chunked prompt is then 1,280 tokens), --enable-metrics for swan's calls
-    "dsv41": {"--chunked-prefill-size": "512", "--enable-metrics": ""},
+    # DeepSeek-V4.1: as dsv4 (1024-token chunks: the lost-window resume is one pass [s, L), where
+    # rows >= F read the copied pages, beside the engine's decoder bounded replay a pass that
+    # ends where a hit at F's does: docs/swa_cone.md), --enable-metrics for swan's calls
+    "dsv41": {"--chunked-prefill-size": "1024", "--enable-metrics": ""},
 }
 CPU_MODELS = {"dense": "Llama", "swa": "hybrid-SWA Mellum", "dsv4": "DeepSeek-V4", "dsv41": "DeepSeek-V4.1"}
 

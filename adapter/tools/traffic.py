@@ -23,7 +23,6 @@ import dataclasses
 import functools
 import json
 import random
-import re
 import threading
 import time
 from typing import Optional
@@ -148,12 +147,12 @@ def compare(reference: list[Record], other: list[Record], tol: float = LOGPROB_T
 
 def window_resume(server: CpuServer, doc_tokens: int = 1300, turn_tokens: int = 44,
                   other_tokens: int = 500, others: int = 8, new_tokens: int = 16,
-                  one_batch: bool = False, hit_reference: bool = False) -> dict:
+                  one_batch: bool = False, hit_at: Optional[int] = None) -> dict:
     """Cache a document, evict its sliding window with concurrent traffic (its full KV stays),
     resume it with a new turn. Needs a small SWA pool (--swa-full-tokens-ratio). one_batch: the
     traffic goes as one /generate with a batch of input_ids (one scheduler message, so every
     boot admits it in the same rounds: equality_run says why) instead of 4 requests at a time.
-    hit_reference: then serve the same prompt as a prefix hit at cone's F (hit_at_plan; "hit")."""
+    hit_at: then serve the same prompt as a prefix hit at that F (prefix_hit; "hit")."""
     doc = token_ids(31, doc_tokens)
     cold = _record("doc", doc, server.generate(doc, max_new_tokens=4))
     traffic = [token_ids(40 + i, other_tokens) for i in range(others)]
@@ -165,34 +164,26 @@ def window_resume(server: CpuServer, doc_tokens: int = 1300, turn_tokens: int = 
     prompt = doc + token_ids(32, turn_tokens)
     resume = _record("doc+turn", prompt, server.generate(prompt, max_new_tokens=new_tokens))
     out = {"doc": cold, "resume": resume, "prompt_len": len(prompt)}
-    if hit_reference:
-        out["hit"] = hit_at_plan(server, doc, prompt, new_tokens)
+    if hit_at is not None:
+        out["hit"] = prefix_hit(server, doc, prompt, hit_at, new_tokens)
     return out
 
 
-CONE_PLAN_RE = re.compile(r"\[dsv41\] swa_cone plan request=\S+ F=(\d+) s=(\d+) L=(\d+) ")
-
-
-def hit_at_plan(server: CpuServer, doc: list, prompt: list, new_tokens: int) -> Optional[Record]:
-    """What a prefix hit at cone's F computes for the same prompt, in the same boot (issue 48):
-    the reference for cone's resume beside the engine's decoder SWA bounded replay, whose late
-    layers make a resume's answer depend on where its passes start (docs/swa_cone.md). F is read
-    from the boot's last cone plan line for this prompt's length; the cache is emptied, the
-    document's first F tokens are served (the tree then holds [0, F) with its window at F), and
-    the prompt comes again: a hit at F (its record's cached_tokens says so). None without a plan
-    (a boot without cone: the control)."""
-    plans = [m for text in server.process_logs().values() for m in CONE_PLAN_RE.finditer(text)
-             if int(m.group(3)) == len(prompt)]
-    if not plans:
-        return None
-    F = int(plans[-1].group(1))
+def prefix_hit(server: CpuServer, doc: list, prompt: list, F: int, new_tokens: int) -> Record:
+    """What the engine computes for `prompt` as a prefix hit at F (issue 48): the cache is
+    emptied, the document's first F tokens are served (the tree then holds [0, F) with its window
+    at F), and the prompt comes again (its record's cached_tokens shows the hit). The reference
+    for cone's resume beside the engine's decoder SWA bounded replay, whose late layers make a
+    resume's answer depend on where its passes start (docs/swa_cone.md): a hit at F and cone's
+    replay from F - N end their passes alike, a cold re-prefill does not."""
     server.flush_cache(wait_s=30)
     server.generate(doc[:F], max_new_tokens=1)
     return _record("doc+turn@F", prompt, server.generate(prompt, max_new_tokens=new_tokens))
 
 
 def idle_session_resume(server: CpuServer, session_tokens: int = 600, agents: int = 4, turns: int = 4,
-                        turn_tokens: int = 150, new_prompts: int = 1, new_tokens_each: int = 900) -> dict:
+                        turn_tokens: int = 150, new_prompts: int = 1, new_tokens_each: int = 900,
+                        resume_tokens: int = 40) -> dict:
     """(hybrid SWA) An idle session's resume after other traffic: a session is cached, sub-agents
     run `turns` growing turns each (every turn moves past the previous turn's checkpoint), then
     a new 900-token prompt needs more SWA slots than are free; then the idle session comes back.
@@ -210,7 +201,7 @@ def idle_session_resume(server: CpuServer, session_tokens: int = 600, agents: in
     with cf.ThreadPoolExecutor(new_prompts) as pool:
         list(pool.map(lambda i: server.generate(token_ids(400 + i, new_tokens_each), max_new_tokens=4),
                       range(new_prompts)))
-    prompt = session + token_ids(82, 40)
+    prompt = session + token_ids(82, resume_tokens)
     resume = _record("session+turn", prompt, server.generate(prompt, max_new_tokens=16))
     agent_cached = [int(server.generate(p, max_new_tokens=2)["meta_info"]["cached_tokens"]) for p in prompts]
     return {"session": first, "resume": resume, "session_tokens": session_tokens,
@@ -268,6 +259,31 @@ DSV4_YIELD_STREAM = 96
 def dsv4_window_resume(server: CpuServer) -> dict:
     """window_resume sized for the tiny DeepSeek-V4 (DSV4_WINDOW)."""
     return window_resume(server, **DSV4_WINDOW)
+
+
+# The lost window's resume point on this pool (DSV4_WINDOW's comment: the document's full KV
+# [0, 768) stays): where cone's plan puts F, and where the reference hit is served.
+DSV4_WINDOW_F = 768
+
+
+# The idle session's resume on the tiny DeepSeek-V4.1: beside the engine's decoder SWA bounded
+# replay every match stops 128 tokens short of the prompt (`_req_radix_key`), so a resume of the
+# 512-token session + 40 could match at most [0, 256), whose window (the session's first page)
+# thin lets go; with a turn of 200 tokens the match can reach the session's end, the window thin
+# keeps (an agent's turn on the cluster is longer still).
+DSV41_IDLE = dict(DSV4_IDLE, resume_tokens=200)
+
+
+def dsv41_idle_session_resume(server: CpuServer) -> dict:
+    """idle_session_resume sized for the tiny DeepSeek-V4.1 (DSV41_IDLE)."""
+    return idle_session_resume(server, **DSV41_IDLE)
+
+
+def dsv41_window_resume(server: CpuServer) -> dict:
+    """window_resume sized as for the tiny DeepSeek-V4 (DSV4_WINDOW), then the same prompt as a
+    prefix hit at F (prefix_hit): beside the engine's decoder SWA bounded replay, cone's resume is
+    shown against what the engine computes for a hit at F, a cold re-prefill beside it."""
+    return window_resume(server, **DSV4_WINDOW, hit_at=DSV4_WINDOW_F)
 
 
 def dsv4_idle_session_resume(server: CpuServer) -> dict:

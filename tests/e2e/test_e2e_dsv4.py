@@ -5,18 +5,20 @@ torch top-k, the UnifiedRadixCache, every layer kind (compress ratios 0 / 4 / 12
 prefilled in 1024-token chunks (the compressor's state ring crosses chunks), a radix hit, and
 decode.
 
-The session's boots (tests/e2e/e2e_configs.py): stock, and the control line (autotune_keep alone:
-its cache agreement has no autotune cache to act on here, so the two boots compute alike). Their
-T=0 ids equal and logprobs within 1e-5 over the whole traffic is this model's noise floor for the
-equality tolerance (traffic.LOGPROB_TOL = 1e-4; two stock boots measured 0 difference)."""
+The session's boot (tests/e2e/e2e_configs.py): stock. Issue 48 moved the adapters' scenarios to
+the tiny DeepSeek-V4.1 (tests/e2e/test_e2e_dsv41.py, test_e2e_effects.py), the model the line
+serves; this boot keeps what V4.1 does not have: c4 / c128 layers and the compressor's state ring
+across chunks. (Until then a second boot, the control line, compared with it: T=0 ids equal,
+logprobs within 1e-5, this model's noise floor; the DeepSeek noise floor is now dsv41's control
+against its production line.)"""
 import re
 
 import pytest
 
-from adapter.tools import canary, traffic
+from adapter.tools import canary
 
 # The session's shared runs this module reads (booted by conftest's lane ahead of it).
-SHARED_BOOTS = [("dsv4", "stock"), ("dsv4", "autotune_keep")]
+SHARED_BOOTS = [("dsv4", "stock")]
 
 # What the scheduler's log must show (engine lines, then the CPU stand-ins' receipts).
 LOG_LINES = ("Initialize DeepSeekV4TokenToKVPool", "Using DeepseekV4AttnBackend",
@@ -33,7 +35,7 @@ CHUNK = 1024                                              # canary.MODEL_ARGS["d
 
 @pytest.fixture(scope="module")
 def runs(boots):
-    return [boots.config("dsv4", "stock"), boots.config("dsv4", "autotune_keep")]
+    return [boots.config("dsv4", "stock")]
 
 
 def test_log_shows_v4_pool_backend_and_unified_radix_cache(runs):
@@ -51,11 +53,9 @@ def test_chunked_prompt_ran_in_chunks(runs):
         assert re.search(r"Prefill batch, #new-seq: 1, #new-token: 512, ", log)
 
 
-def test_stock_and_control_give_the_same_greedy_tokens(runs):
-    first, again = runs
-    assert not first.errors and not again.errors, (first.errors, again.errors)
-    cmp = traffic.compare(canary.records_of(first), canary.records_of(again), tol=1e-5)
-    print(f"\nmax logprob diff stock vs control: {cmp.max_logprob_diff:.3g} over {cmp.total} records")
-    assert cmp.ok and cmp.total >= len(first.records) > 0, cmp
-    hits = {r.name: r.cached_tokens for r in first.records}
+def test_stock_serves_the_traffic_with_radix_hits(runs):
+    (stock,) = runs
+    assert not stock.errors, stock.errors
+    assert stock.records and all(r.ids for r in canary.records_of(stock))
+    hits = {r.name: r.cached_tokens for r in stock.records}
     assert hits["cache-hit"] > 0 and hits["resume"] > 0      # the radix cache served hits

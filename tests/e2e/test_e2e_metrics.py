@@ -21,7 +21,7 @@ from adapter.tools import canary
 from e2e.e2e_configs import REPO_ROOT
 
 # The session's shared runs this module reads (booted by conftest's lane ahead of it).
-SHARED_BOOTS = [("dense", "production"), ("dsv4", "production"), ("dense", "decode_yield")]
+SHARED_BOOTS = [("dense", "production"), ("dsv41", "production"), ("dense", "decode_yield")]
 
 WATCH = "prometheus_client"
 YIELD_LINE = re.compile(r"\[dsv41\] decode_yield rid=\S+ left chunked prefill: (\d+) chunks yielded, "
@@ -82,7 +82,9 @@ def dense(boots):
 
 @pytest.fixture(scope="module")
 def dsv4(boots):
-    return _scraped(boots.config("dsv4", "production"))
+    """The tiny DeepSeek-V4.1's production boot (issue 48: the model the line serves; the fixture
+    keeps its name for the DeepSeek family)."""
+    return _scraped(boots.config("dsv41", "production"))
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +164,8 @@ def test_dense_series_match_the_receipts(dense):
 
 
 def test_dsv4_series_match_the_receipts(dsv4):
-    """The tiny DeepSeek-V4: every adapter acts, and each count equals its receipts."""
+    """The tiny DeepSeek-V4.1 (decoder SWA bounded replay on): every adapter acts, and each count
+    equals its receipts."""
     cores, counted, _ = _check_against_receipts(dsv4)
     lines = dsv4.scheduler_lines()
     assert cores == {"dsv41_thin": 1.0}      # thin's own tree core (adapter/swa_thin/core.py)

@@ -7,10 +7,11 @@ from adapter.cpu.server import BootError, CpuServer
 from adapter.table import ADAPTERS
 from adapter.tools import canary, traffic
 
-from e2e.e2e_configs import ALONE, CONFIGS, MODELS
+from e2e.e2e_configs import ALONE, CONFIGS, MODELS, REFERENCE
 
 # The session's shared runs this module reads (booted by conftest's lane ahead of it).
-SHARED_BOOTS = [(m, c) for m in MODELS for c in ("stock", "production", *ALONE[m]) if c != "cone_no_copy"]
+SHARED_BOOTS = [(m, c) for m in MODELS for c in (REFERENCE[m], "production", *ALONE[m])
+                if c != "cone_no_copy"]
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -49,20 +50,21 @@ def test_two_stock_boots_are_identical(boots):
 
 
 # Each model: the production line and the adapters booted alone there (e2e_configs.ALONE).
-T0_CASES = [(m, c) for m in MODELS for c in ("production", *ALONE[m]) if c not in ("cone_no_copy", "stock_again")]
+T0_CASES = [(m, c) for m in MODELS for c in ("production", *ALONE[m])
+            if c not in ("cone_no_copy", "stock_again", REFERENCE[m])]
 
 
 @pytest.mark.parametrize("model, config", T0_CASES)
 def test_t0_outputs_equal_stock(boots, model, config):
-    stock = boots.config(model, "stock")
+    stock = boots.config(model, REFERENCE[model])
     run = boots.config(model, config)
     assert not run.errors and not stock.errors, (run.errors, stock.errors)
     settings = key_registry.parse_env(CONFIGS[config][0])
     for adapter in ADAPTERS:
         if settings.enabled(adapter):
             assert run.installed_in(adapter).get(canary.install_process(adapter)), (adapter, run.log_dir)
-    reference, other = canary.records_of(stock), canary.records_of(run)
-    cmp = traffic.compare(reference, other)
+    reference = canary.records_of(stock)
+    cmp = canary.compare_runs(model, stock, run)       # the canary's references and tolerance
     assert cmp.ok, (config, model, cmp)
     names = {r.name for r in reference}
     assert {"chunked", "cache-hit", "resume", "concurrent-0"} <= names

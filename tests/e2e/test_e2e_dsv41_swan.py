@@ -1,18 +1,20 @@
-"""swan acts in the real server on CPU: the tiny DeepSeek-V4 (CpuServer(model="dsv4")) on the
-engine's production SM12x backend (`flashinfer`: its 256 -> 4 x 64-token page split before every
-sparse decode call, with the CPU stand-ins of adapter/cpu/dsv4/flash_mla.py), on the session's
-stock dsv4 boot and its production-line boot (tests/e2e/e2e_configs.py; both with
---enable-metrics, canary.MODEL_ARGS). The harness's swan module directory is the built one,
-runtime/build/swan256, verified at install as in the image; this process has no CUDA, so the
-router's kernel is the CPU twin, adapter/swan/twin.py.
+"""swan acts in the real server on CPU: the tiny DeepSeek-V4.1 (CpuServer(model="dsv41"), the
+model the line serves, with the engine's decoder SWA bounded replay on) on the engine's production
+SM12x backend (`flashinfer`: its 256 -> 4 x 64-token page split before every sparse decode call,
+with the CPU stand-ins of adapter/cpu/dsv4/flash_mla.py), on the session's dsv41 control boot
+(swan off) and its production-line boot (tests/e2e/e2e_configs.py; both with --enable-metrics,
+canary.MODEL_ARGS). Issue 48 moved it from the tiny DeepSeek-V4. The harness's swan module
+directory is the built one, runtime/build/swan256, verified at install as in the image; this
+process has no CUDA, so the router's kernel is the CPU twin, adapter/swan/twin.py.
 
 What the two boots show:
   * swan installs in the scheduler naming the CPU twin, routes the decode calls (<= 64 query rows)
     to it (the first-served line; /metrics dsv41_swan_served_total) and sends only prefill rows to
     the stock split (the one fallback reason);
-  * the stock boot's scheduler logs a page split of a decode call; the production boot's logs none
-    (its prefill calls still split);
-  * T=0 greedy ids are equal and logprobs within traffic.LOGPROB_TOL over every record.
+  * the control boot's scheduler logs a page split of a decode call; the production boot's logs
+    none (its prefill calls still split);
+  * T=0 greedy ids are equal and logprobs within the canary's tolerance for the model over every
+    record (canary.compare_runs).
 What they do not show: the swan256 module's kernel (its bits are the GPU's); see docs/swan.md."""
 import re
 
@@ -21,10 +23,10 @@ import pytest
 from adapter.tools import canary, traffic
 
 # The session's shared runs this module reads (booted by conftest's lane ahead of it).
-SHARED_BOOTS = [("dsv4", "stock"), ("dsv4", "production")]
+SHARED_BOOTS = [("dsv41", "autotune_keep"), ("dsv41", "production")]
 
 NEW_TOKENS = 16                                               # traffic.equality_run
-LAYERS = 3                                                    # adapter/cpu/models.py dsv4
+LAYERS = 4                                                    # adapter/cpu/models.py dsv41
 SPLIT = "[dsv41-cpu] dsv4 page split: "
 SERVED_LINE = re.compile(r"\[dsv41\] swan first in-place decode: (\d+) rows, \d+ heads, topk \d+; "
                          r"kernel CPU twin \(")
@@ -33,7 +35,7 @@ PREFILL_REASON = "more than 64 query rows (engine prefill path)"
 
 @pytest.fixture(scope="module")
 def runs(boots):
-    return {"stock": boots.config("dsv4", "stock"), "swan": boots.config("dsv4", "production")}
+    return {"stock": boots.config("dsv41", "autotune_keep"), "swan": boots.config("dsv41", "production")}
 
 
 def _splits(lines, path):
@@ -82,7 +84,7 @@ def test_decode_calls_split_in_stock_and_not_with_swan(runs):
 
 
 def test_greedy_ids_equal_and_logprobs_within_stock_spread(runs):
-    cmp = traffic.compare(canary.records_of(runs["stock"]), canary.records_of(runs["swan"]))
-    print(f"\nmax logprob diff stock vs production (swan's CPU twin): {cmp.max_logprob_diff:.3g} "
-          f"(tolerance {traffic.LOGPROB_TOL})")
+    cmp = canary.compare_runs("dsv41", runs["stock"], runs["swan"])
+    print(f"\nmax logprob diff control vs production (swan's CPU twin): {cmp.max_logprob_diff:.3g} "
+          f"(tolerance {canary.LOGPROB_TOL.get('dsv41', traffic.LOGPROB_TOL)})")
     assert cmp.ok and cmp.total > 0, cmp
