@@ -71,6 +71,9 @@ KEYS: tuple[Key, ...] = (
     Key("DSV41_SWA_CONE_TEST_NO_COPY", "flag", "swa_cone", default=0, test_only=True,
         doc="test-only negative control of cone replay: no copy of the resident latents / index "
             "keys, so the replay rows' pages keep stale ones; in no profile"),
+    Key("DSV41_SWA_CONE_TEST_NO_MASK", "flag", "swa_cone", default=0, test_only=True,
+        doc="test-only negative control of cone replay: no write mask, so the replay rows write "
+            "their own latents / index keys over the copied ones; in no profile"),
     Key("DSV41_AUTOTUNE_KEEP", "flag", "autotune_keep", enables=True, default=0,
         doc="ranks agree on the autotune cache; a launch sidecar drops stale caches"),
     Key("DSV41_INPUT_GUARD", "flag", "input_guard", enables=True, default=0,

@@ -40,7 +40,8 @@ engine's decoder bounded replay"). Every decision reads replicated state only (s
 tree, request, budgets): all TP ranks plan alike. DSV41_SWA_CONE_TEST=1 (test only) re-reads each copy and checks it byte for byte.
 Negative controls (test only, never in a profile; install and every replay say so loudly):
 DSV41_SWA_CONE_TEST_NO_COPY=1 plans, masks and floors as usual but skips the copy (the replay rows'
-pages keep stale latents / index keys); DSV41_SWA_CONE_TEST_NO_FLOOR=1 copies and masks but sets
+pages keep stale latents / index keys); DSV41_SWA_CONE_TEST_NO_MASK=1 copies and floors but sets no
+write mask (the replay rows write their own latents / index keys over the copied ones); DSV41_SWA_CONE_TEST_NO_FLOOR=1 copies and masks but sets
 no window floor (the replay rows whose window reaches below s read the evicted slots, i.e. the
 padding slot). Rows >= F depend on the floor only through the model's receptive cone, which N
 covers, so the latter leaves them as they are (measured: docs/swa_cone.md).
@@ -97,6 +98,7 @@ COUNTERS = {
 }
 NO_FLOOR_KEY = "DSV41_SWA_CONE_TEST_NO_FLOOR"   # test only: negative control, no window floor
 NO_COPY_KEY = "DSV41_SWA_CONE_TEST_NO_COPY"     # test only: negative control, no copy
+NO_MASK_KEY = "DSV41_SWA_CONE_TEST_NO_MASK"     # test only: negative control, no write mask
 ABORT_STATUS = 503          # HTTPStatus.SERVICE_UNAVAILABLE: the engine's status for KV that never landed
 
 _PLAN_FIELDS = ("prefix_len", "last_node", "last_host_node", "best_match_node", "host_hit_length",
@@ -136,11 +138,13 @@ class Plan:
 
 
 class Cone:
-    def __init__(self, tokens: int, test: bool, no_floor: bool = False, no_copy: bool = False):
+    def __init__(self, tokens: int, test: bool, no_floor: bool = False, no_copy: bool = False,
+                 no_mask: bool = False):
         self.tokens = tokens
         self.test = bool(test)
         self.no_floor = bool(no_floor)     # DSV41_SWA_CONE_TEST_NO_FLOOR: test-only negative control
         self.no_copy = bool(no_copy)       # DSV41_SWA_CONE_TEST_NO_COPY: test-only negative control
+        self.no_mask = bool(no_mask)       # DSV41_SWA_CONE_TEST_NO_MASK: test-only negative control
         self.plans: "collections.OrderedDict[str, Plan]" = collections.OrderedDict()
         self.counters = receipts.counters[ADAPTER]
 
@@ -474,7 +478,15 @@ class Cone:
                               plan.rid, plan.s, plan.F, report.full_pages, report.buffers,
                               report.bytes)
             device = fb.out_cache_loc.device
-            if any(replay):
+            if any(replay) and self.no_mask:
+                # Test-only negative control: the replay rows write their own latents / index
+                # keys over the copied ones. Loud, per replay.
+                for _, plan in taken:
+                    receipts.line(ADAPTER, "TEST ONLY write mask REMOVED request=%s rows=[%d,%d): "
+                                  "%s=1, the replay rows write their own latents / index keys over "
+                                  "the copied ones; this output is not cone's", plan.rid, plan.s,
+                                  plan.F, NO_MASK_KEY)
+            elif any(replay):
                 if fb.encoder_swa_compress_rows is not None or fb.encoder_swa_replay:
                     receipts.fallback(ADAPTER, "engine encoder-replay fold owns the compress rows; "
                                                "replay rows keep their own latent writes")
@@ -624,8 +636,8 @@ def install(ctx) -> str:
     global _cone
     tokens = ctx.value("DSV41_SWA_CONE_TOKENS")
     test = ctx.value("DSV41_SWA_CONE_TEST")
-    no_floor, no_copy = ctx.value(NO_FLOOR_KEY), ctx.value(NO_COPY_KEY)
-    cone = _cone = Cone(tokens, test, no_floor, no_copy)
+    no_floor, no_copy, no_mask = ctx.value(NO_FLOOR_KEY), ctx.value(NO_COPY_KEY), ctx.value(NO_MASK_KEY)
+    cone = _cone = Cone(tokens, test, no_floor, no_copy, no_mask)
     ctx.around("UnifiedRadixCache.match_prefix", cone.match_prefix)
     ctx.around("PrefillAdder.add_one_req", cone.add_one_req)
     ctx.around("PrefillAdder._select_prefill_admission", cone.select_admission)
@@ -635,7 +647,9 @@ def install(ctx) -> str:
         (NO_FLOOR_KEY, "no window floor: the replay rows read window slots below s, evicted, the "
                        "padding slot", no_floor),
         (NO_COPY_KEY, "no copy of the resident latents / index keys: the replay rows' pages keep "
-                      "stale ones", no_copy)) if on]
+                      "stale ones", no_copy),
+        (NO_MASK_KEY, "no write mask: the replay rows write their own latents / index keys over "
+                      "the copied ones", no_mask)) if on]
     return (f"DSV41_SWA_CONE_TOKENS={tokens}: a lost resume point replays {tokens} tokens in the "
             f"first pass (plan/copy lines per replay)"
             + ("; DSV41_SWA_CONE_TEST=1 (copy self-check)" if test else "")

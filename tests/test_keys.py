@@ -64,7 +64,8 @@ def test_edit_distance():
 def test_cone_test_switches_are_test_only_and_listed_so():
     """Test-only switches: in no profile (tests/test_profile.py), never enabling, default off;
     `dsv41 keys` marks them test-only."""
-    for name in ("DSV41_SWA_CONE_TEST", "DSV41_SWA_CONE_TEST_NO_FLOOR", "DSV41_SWA_CONE_TEST_NO_COPY"):
+    for name in ("DSV41_SWA_CONE_TEST", "DSV41_SWA_CONE_TEST_NO_FLOOR", "DSV41_SWA_CONE_TEST_NO_COPY",
+                 "DSV41_SWA_CONE_TEST_NO_MASK"):
         key = keys.KEY_BY_NAME[name]
         assert key.test_only and not key.enables and key.default == 0 and key.adapter == "swa_cone"
     s = keys.parse_env({"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_TEST_NO_FLOOR": "1"})
@@ -79,7 +80,8 @@ def test_dsv41_keys_lists_the_cone_negative_controls_as_test_only(capsys):
 
     assert cli.main(["keys"]) == 0
     out = capsys.readouterr().out
-    for name in ("DSV41_SWA_CONE_TEST_NO_FLOOR", "DSV41_SWA_CONE_TEST_NO_COPY"):
+    for name in ("DSV41_SWA_CONE_TEST_NO_FLOOR", "DSV41_SWA_CONE_TEST_NO_COPY",
+                 "DSV41_SWA_CONE_TEST_NO_MASK"):
         line = next(ln for ln in out.splitlines() if ln.startswith(name + " "))
         assert "test-only" in line, line
 

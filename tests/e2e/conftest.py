@@ -22,7 +22,8 @@ OWN_BOOTS_FIRST = ("test_e2e_gate", "test_e2e_faults", "test_e2e_fuzz", "test_e2
 # The order the lane boots shared configurations in (those some selected module reads).
 LANE_ORDER = (("dense", "stock"), ("dense", "decode_yield"), ("dense", "production"),
               ("dense", "autotune_keep"), ("dsv41", "autotune_keep"), ("dsv41", "production"),
-              ("dsv41", "cone_no_copy"), ("dsv4", "stock"), ("dense", "stock_again"))
+              ("dsv41", "cone_no_copy"), ("dsv41", "cone_no_mask"), ("dsv4", "stock"),
+              ("dense", "stock_again"))
 
 
 def pytest_collection_modifyitems(session, config, items):

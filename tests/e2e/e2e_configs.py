@@ -78,18 +78,22 @@ CONFIGS = {   # name -> (keys, args)
     # cone's negative control: the production line with a test-only switch that skips the copy of
     # the resident latents / index keys (the replay rows keep stale ones): must differ.
     "cone_no_copy": ({**PROD_KEYS, "DSV41_SWA_CONE_TEST_NO_COPY": "1"}, PROD_ARGS),
+    # and one that skips the write mask (the replay rows write their own latents over the copied
+    # ones): must differ too (issue 48: beside the engine's decoder SWA bounded replay)
+    "cone_no_mask": ({**PROD_KEYS, "DSV41_SWA_CONE_TEST_NO_MASK": "1"}, PROD_ARGS),
     # a second stock boot with another engine seed (the equality set only): the noise floor
     # (tests/e2e/test_e2e_server.py test_two_stock_boots_are_identical)
     "stock_again": ({}, {**CTRL_ARGS, "--random-seed": "7"}),
 }
-SCENARIOS = {"cone_no_copy": ("window",), "stock_again": ("equality",)}   # else the default set
+SCENARIOS = {"cone_no_copy": ("window",), "cone_no_mask": ("window",),
+             "stock_again": ("equality",)}   # else the default set
 # Which adapter-alone configurations each model boots (T=0 equality with stock and the effects).
 # Issue 48: the scenarios that ran on the tiny DeepSeek-V4 run on the tiny V4.1 (the model the
 # line serves, with the engine's decoder SWA bounded replay on); dsv4 keeps its stock boot for what
 # V4.1 does not have (c4 / c128 layers, the compressor's state ring: test_e2e_dsv4.py).
 ALONE = {"dense": ("decode_yield", "autotune_keep", "stock_again"),
          "dsv4": (),
-         "dsv41": ("autotune_keep", "cone_no_copy")}
+         "dsv41": ("autotune_keep", "cone_no_copy", "cone_no_mask")}
 # The T=0 reference each model's configurations are compared with: stock, or on the tiny
 # DeepSeek-V4.1 the control line (autotune_keep alone, which has no autotune cache to act on
 # here: it computes as stock), one boot fewer.

@@ -11,7 +11,7 @@ from e2e.e2e_configs import ALONE, CONFIGS, MODELS, REFERENCE
 
 # The session's shared runs this module reads (booted by conftest's lane ahead of it).
 SHARED_BOOTS = [(m, c) for m in MODELS for c in (REFERENCE[m], "production", *ALONE[m])
-                if c != "cone_no_copy"]
+                if c not in ("cone_no_copy", "cone_no_mask")]
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -51,7 +51,7 @@ def test_two_stock_boots_are_identical(boots):
 
 # Each model: the production line and the adapters booted alone there (e2e_configs.ALONE).
 T0_CASES = [(m, c) for m in MODELS for c in ("production", *ALONE[m])
-            if c not in ("cone_no_copy", "stock_again", REFERENCE[m])]
+            if c not in ("cone_no_copy", "cone_no_mask", "stock_again", REFERENCE[m])]
 
 
 @pytest.mark.parametrize("model, config", T0_CASES)
