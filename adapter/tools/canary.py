@@ -746,13 +746,12 @@ def main(args, run: Callable = run_config) -> int:
 def agent_plan(model: str, workdir: pathlib.Path) -> dict:
     """`--traffic agent`: {"args", "on_server"} of adapter/tools/agent_traffic.canary_setup for a
     model with a canary-sized agent workload; {"skipped": why} for one without (the dense model:
-    no sliding window, nothing for thin or cone to act on; dsv41: not sized yet)."""
+    no sliding window, nothing for thin or cone to act on)."""
     from adapter.tools import agent_traffic
 
     if (model, "canary") not in agent_traffic.SCALES:
         have = ", ".join(m for m, s in agent_traffic.SCALES if s == "canary")
-        why = ("no canary-sized agent workload for the tiny DeepSeek-V4.1 yet" if model == "dsv41"
-               else "no sliding window for thin or cone to act on")
+        why = "no sliding window for thin or cone to act on"
         return {"skipped": f"not run on the {model} model ({why}; the workload runs on {have})"}
     args, on_server = agent_traffic.canary_setup(model, workdir / model)
     return {"args": args, "on_server": on_server}
