@@ -144,7 +144,7 @@ def test_a_failing_check_refuses_the_request_and_counts_it(manager, monkeypatch,
     def broken(*args, **kwargs):
         raise RuntimeError("planted")
 
-    monkeypatch.setattr(input_guard, "check", broken)
+    monkeypatch.setattr(input_guard.hooks, "check", broken)
     with pytest.raises(ValueError, match=r"input_guard could not check this request \(RuntimeError\); "
                                          "it is refused rather than sent to the scheduler unchecked"):
         _tokenize(manager, [5, 6])
