@@ -58,6 +58,7 @@ _SERVING = "sglang.srt.arg_groups.fields.serving"
 _PS = "sglang.srt.distributed.parallel_state"
 _SP = "sglang.srt.sampling.sampling_params"
 _XG = "sglang.srt.constrained.xgrammar_backend"
+_OLLAMA = "sglang.srt.entrypoints.ollama.serving"
 
 HOOKS: tuple[Hook, ...] = (
     # swan: SM12x sparse decode reads 256-token SWA pages in place (the SM12x decode entry;
@@ -249,7 +250,15 @@ HOOKS: tuple[Hook, ...] = (
         # the tensors those numbers end up in, and the scheduler's stop_regex search (RE2 there)
         "sglang.srt.sampling.sampling_batch_info:SamplingBatchInfo.from_schedule_batch",
         f"{_SB}:Req._check_str_based_finish", f"{_SB}:Req._locate_str_stop_finished_len",
-        f"{_SB}:Req.rid")),
+        f"{_SB}:Req.rid",
+        # pooling (issue 50): the line's chunk size, and the engine's path the rule follows: the
+        # scheduler's prefix limit, the forward batch's per-request tensors, the logits
+        # processor's indexing of the extend rows
+        f"{_TM}:TokenizerManager.server_args",
+        f"{_SB}:Req._compute_max_prefix_len", f"{_SB}:Req.is_prefill_only",
+        f"{_FB}:ForwardBatch.init_new",
+        "sglang.srt.layers.logits_processor:LogitsProcessor.compute_logprobs_at_positions",
+        "sglang.srt.layers.logits_processor:LogitsProcessor.forward")),
     # input_guard: sessions are off on the line (any client that knows a session id could use or
     # close it): opening and closing one is refused where the tokenizer manager would send it.
     # (the HTTP routes that call them, /open_session and /close_session, answer the refusal 400
@@ -290,7 +299,28 @@ HOOKS: tuple[Hook, ...] = (
         f"{_RC}:ParallelContext._read",    # how attn_cp_size / pp_size resolve (published widths)
         "sglang.srt.constrained.grammar_manager:GrammarManager.grammar_sync_group",
         f"{_SB}:ScheduleBatch.reqs", f"{_SB}:Req.grammar",
-        "sglang.srt.constrained.reasoner_grammar_backend:ReasonerGrammarObject.grammar")),
+        "sglang.srt.constrained.reasoner_grammar_backend:ReasonerGrammarObject.grammar",
+        # the request the bound finished is answered 400 (issue 50): the FINISH_ABORT the engine
+        # sets on its grammar error path, and how the tokenizer manager answers its status
+        f"{_SB}:FINISH_ABORT", f"{_SB}:Req.to_finish", f"{_SB}:Req.update_finish_state",
+        f"{_TM}:TokenizerManager._handle_abort_finish_reason")),
+    # input_guard: the Ollama routes (issue 50): options.seed to the engine's sampling_seed, an
+    # option of a type SamplingParams cannot compare is a 400, and the engine's ValueError for a
+    # client's value is a 400 as on its other routes (these routes catch nothing).
+    Hook("input_guard", _OLLAMA, "OllamaServing._convert_options_to_sampling_params", touches=(
+        f"{_OLLAMA}:OllamaServing.tokenizer_manager", f"{_SP}:SamplingParams.__init__",
+        f"{_SP}:SamplingParams.verify", f"{_SP}:SamplingParams.sampling_seed",
+        "sglang.srt.sampling.sampling_batch_info:SamplingBatchInfo.from_schedule_batch",
+        "sglang.srt.layers.sampler:Sampler.forward")),
+    Hook("input_guard", _OLLAMA, "OllamaServing.handle_chat", touches=(
+        f"{_TM}:TokenizerManager._handle_abort_finish_reason",)),
+    Hook("input_guard", _OLLAMA, "OllamaServing.handle_generate"),
+    # input_guard: where the engine sets its app up, the routes whose handler builds a request of
+    # the body itself (/vertex_generate: GenerateReqInput(**parameters), a TypeError 500 for a
+    # name it does not have) get the body checked first (issue 50).
+    Hook("input_guard", _HTTP, "_setup_and_run_http_server", touches=(
+        f"{_HTTP}:app", f"{_HTTP}:vertex_generate", f"{_IO}:VertexGenerateReqInput",
+        f"{_IO}:GenerateReqInput")),
     # admin_guard: where the engine adds its auth middleware (before uvicorn starts), add ours
     # when no admin key is configured: ADMIN_OPTIONAL routes get the engine's ADMIN_FORCE answer
     # (403) through the engine's own route match and decision; its post-warmup /freeze_gc passes.

@@ -188,7 +188,9 @@ def test_the_receipt_names_every_guarded_field(install_adapters):
                      "TokenizerControlMixin.close_session",
                      "TokenizerManager.generate_request", "Scheduler.abort_request",
                      "XGrammarGrammar.accept_token", "XGrammarGrammar.fill_vocab_mask",
-                     "Scheduler.process_batch_result"]
+                     "Scheduler.process_batch_result",
+                     "OllamaServing._convert_options_to_sampling_params", "OllamaServing.handle_chat",
+                     "OllamaServing.handle_generate", "_setup_and_run_http_server"]
     for field in input_guard.FIELDS:
         assert field.name in receipt, field.name
     assert "stop_regex runs on RE2" in receipt and "aborts match rids exactly" in receipt

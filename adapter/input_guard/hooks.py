@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 import time
 
 from adapter import receipts
 from adapter.input_guard.rules import (
     FIELDS, KEY, LIMIT_KEYS, NAME, SESSIONS_OFF, Limits, Re2Search, Unchecked, _is_int, check,
-    kind_of, re2_module)
+    check_ollama_options, check_vertex, kind_of, re2_module)
 from adapter.tp_group import all_reduce_max
 
 SB = "sglang.srt.managers.schedule_batch"
+HTTP = "sglang.srt.entrypoints.http_server"
+# The status of a request the grammar step bound finished: a client's grammar, not a server fault.
+GRAMMAR_STATUS = 400
 XG = "sglang.srt.constrained.xgrammar_backend"
 
 
@@ -124,6 +128,12 @@ class Guard:
         raise self.rejected(message)
 
 
+def chunked_prefill_size(tokenizer_manager) -> int | None:
+    """The line's chunked-prefill size (None or <= 0: prefill not chunked)."""
+    size = getattr(tokenizer_manager.server_args, "chunked_prefill_size", None)
+    return size if isinstance(size, int) else None
+
+
 def install_check(ctx, guard: Guard) -> None:
     """The choke point: every tokenized request, checked before it leaves for the scheduler."""
     kinds = declared_kinds()        # the engine's declared types of the guarded fields
@@ -133,7 +143,7 @@ def install_check(ctx, guard: Guard) -> None:
         try:
             guard.counters["checked"] += 1
             bad = check(tokenized, self.model_config.vocab_size, kinds, ctx.fallback, guard.limits,
-                        guard.re2)
+                        guard.re2, chunked_prefill_size(self))
         except Exception as exc:  # noqa: BLE001 - fail closed: what we could not check is refused
             detail = str(exc) if isinstance(exc, Unchecked) else type(exc).__name__
             guard.reject("unchecked", f"input_guard could not check this request ({detail}); it "
@@ -250,6 +260,11 @@ def install_grammar_bound(ctx, guard: Guard) -> None:
             f"dsv41 input_guard: this request's grammar took {us / 1000:.0f} ms in one decode step "
             f"({ranks}), over this line's limit of {limits.grammar_step_ms} ms "
             f"({LIMIT_KEYS['grammar_step_ms']}); the request is finished, the batch goes on")
+        grammar._dsv41_client_message = (
+            f"dsv41 input_guard: this request's grammar exceeded the per-step bound of "
+            f"{limits.grammar_step_ms} ms ({LIMIT_KEYS['grammar_step_ms']}): one decode step of it "
+            f"took {us / 1000:.0f} ms ({ranks}); the request is finished (a grammar or regex that "
+            "matches in fewer alternatives per token runs within it)")
         guard.once("grammar_step", "finished a request whose grammar took %.0f ms in one decode "
                    "step (%s), over %d ms (logged once)", us / 1000, ranks, limits.grammar_step_ms)
 
@@ -274,12 +289,16 @@ def install_grammar_bound(ctx, guard: Guard) -> None:
         """After each batch's result, on every rank at the same point of its loop: the slowest
         grammar call of each of the batch's grammar requests since the last batch, agreed (MAX)
         over the TP group; a request over the bound is marked on every rank alike, and its next
-        accept_token finishes it through the engine's own grammar error path."""
+        accept_token finishes it through the engine's own grammar error path, answered 400."""
+        marked = marked_reqs(batch)              # the engine drops a finished request's grammar
         out = original(self, batch, result)
+        for req, grammar in marked:
+            client_status(req, grammar)
         try:
-            grammars = [g for g in map(xgrammar_of, batch.reqs or ()) if g is not None]
-            if not grammars:                     # the same batch on every rank: all skip alike
+            pairs = [(req, g) for req in (batch.reqs or ()) if (g := xgrammar_of(req)) is not None]
+            if not pairs:                        # the same batch on every rank: all skip alike
                 return out
+            grammars = [g for _, g in pairs]
             acts, group, world = bound_layout(self)
             agreed = agreed_step_us(grammars, group, world) if acts else [0] * len(grammars)
         except Exception as exc:  # noqa: BLE001 - never into the scheduler loop; nothing marked
@@ -291,6 +310,30 @@ def install_grammar_bound(ctx, guard: Guard) -> None:
             if us > budget_us and getattr(grammar, "_dsv41_over_budget", None) is None:
                 over_budget(grammar, us, world)
         return out
+
+    def marked_reqs(batch) -> list:
+        try:
+            return [(req, g) for req in (batch.reqs or ()) if (g := xgrammar_of(req)) is not None
+                    and getattr(g, "_dsv41_over_budget", None) is not None]
+        except Exception:  # noqa: BLE001 - never into the scheduler loop
+            return []
+
+    def client_status(req, grammar) -> None:
+        """The engine answers a grammar that failed to accept a token as its own fault (500): the
+        request the bound finished is answered 400 saying so (the FINISH_ABORT the engine has
+        just set on it, before the next step hands it to the client)."""
+        try:
+            finish = getattr(req, "to_finish", None)
+            if finish is None or getattr(finish, "status_code", None) is None:
+                return
+            if grammar._dsv41_over_budget not in str(getattr(finish, "message", "")):
+                return                           # another error of the engine's: as it is
+            finish.message = grammar._dsv41_client_message
+            finish.status_code = GRAMMAR_STATUS
+            finish.err_type = "BadRequestError"
+        except Exception as exc:  # noqa: BLE001 - never into the scheduler loop
+            ctx.fallback(f"grammar step bound could not set the client's status ({type(exc).__name__}); "
+                         "the engine's own answer (500) stands")
 
     ctx.around("XGrammarGrammar.accept_token", accept_token)
     ctx.around("XGrammarGrammar.fill_vocab_mask", fill_vocab_mask)
@@ -308,13 +351,138 @@ def install_stop_regex(ctx, guard: Guard) -> None:
         schedule_batch.re = Re2Search(re)
 
 
+def engine_fields() -> tuple[frozenset, frozenset]:
+    """The names the engine's GenerateReqInput and SamplingParams take (read from the engine)."""
+    import dataclasses
+
+    import msgspec
+
+    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    request = frozenset(f.name for f in dataclasses.fields(GenerateReqInput) if f.init)
+    sampling = frozenset(f.name for f in msgspec.structs.fields(SamplingParams))
+    return request, sampling
+
+
+def install_ollama(ctx, guard: Guard) -> None:
+    """The Ollama routes: `options.seed` reaches the engine's own field (`sampling_seed`), a value
+    its SamplingParams cannot compare is a 400 naming the option, and the engine's ValueError for
+    a client's value (its convention: every other route answers it 400) is a 400 here too."""
+    _, sampling = engine_fields()
+    maps_seed = "sampling_seed" in sampling
+    if not maps_seed:
+        ctx.fallback("Ollama options.seed not mapped: this engine's SamplingParams has no "
+                     "sampling_seed; the engine's Ollama mapping is left as it is")
+
+    def convert_options(original, self, options=None):
+        bad = check_ollama_options(options)
+        if bad is not None:
+            guard.reject(*bad)
+        out = original(self, options)
+        if maps_seed and isinstance(out, dict) and "seed" in out and "sampling_seed" not in out:
+            out["sampling_seed"] = out.pop("seed")
+            args = getattr(self.tokenizer_manager, "server_args", None)
+            honoured = bool(getattr(args, "enable_deterministic_inference", False))
+            guard.once("ollama_seed", "mapped Ollama options.seed to the engine's sampling_seed "
+                       "(logged once): %s", "honoured, --enable-deterministic-inference is on"
+                       if honoured else "this line runs without --enable-deterministic-inference, "
+                       "where the engine samples without it, as for a seeded /generate")
+        return out
+
+    def answer_400(exc: ValueError):
+        from fastapi import HTTPException
+
+        if isinstance(exc, HTTPException):       # ours, or the engine's with its own status
+            raise exc
+        guard.counters["rejected:engine_value_error"] += 1
+        guard.once("engine_value_error", "answered the engine's ValueError on an Ollama route with "
+                   "400 (as its other routes do): %s; further ones are counted, not logged", exc)
+        raise guard.rejected(str(exc)) from exc
+
+    async def handle_chat(original, self, request, raw_request):
+        try:
+            return await original(self, request, raw_request)
+        except ValueError as exc:   # the tokenizer manager's way of naming a client's value
+            answer_400(exc)
+
+    async def handle_generate(original, self, request, raw_request):
+        try:
+            return await original(self, request, raw_request)
+        except ValueError as exc:
+            answer_400(exc)
+
+    ctx.around("OllamaServing._convert_options_to_sampling_params", convert_options)
+    ctx.around("OllamaServing.handle_chat", handle_chat)
+    ctx.around("OllamaServing.handle_generate", handle_generate)
+
+
+def guard_routes(app, guard: Guard, fallback) -> list[str]:
+    """Wrap the endpoints of the app's routes whose handler builds a request the engine cannot
+    (`/vertex_generate`: `GenerateReqInput(**parameters)`) before the handler runs; the paths
+    wrapped. Called where the engine sets its app up (before uvicorn starts)."""
+    http = sys.modules[HTTP]
+    request_fields, sampling_fields = engine_fields()
+    wrapped = []
+
+    def vertex_generate(original):
+        async def guarded(vertex_req, raw_request):
+            message = check_vertex(vertex_req.instances, vertex_req.parameters, request_fields,
+                                   sampling_fields)
+            if message is not None:
+                guard.reject("vertex", message)
+            return await original(vertex_req=vertex_req, raw_request=raw_request)
+
+        guarded._dsv41_guarded = True
+        guarded.__wrapped__ = original
+        return guarded
+
+    for route in getattr(app, "routes", ()):
+        dependant = getattr(route, "dependant", None)
+        if getattr(route, "endpoint", None) is http.vertex_generate and dependant is not None:
+            if not getattr(dependant.call, "_dsv41_guarded", False):
+                dependant.call = vertex_generate(dependant.call)
+            wrapped.append(route.path)
+    if not wrapped:
+        fallback("/vertex_generate not found among the app's routes: its body is not checked "
+                 "before the route builds its request")
+    return wrapped
+
+
+def install_routes(ctx, guard: Guard) -> None:
+    """Where the engine sets its HTTP app up (before uvicorn starts): the route wraps."""
+    def setup_and_run_http_server(original, *args, **kwargs):
+        try:
+            paths = guard_routes(sys.modules[HTTP].app, guard, ctx.fallback)
+            if paths:
+                receipts.line(NAME, "checks the bodies of %s before their handlers build a request",
+                              ", ".join(paths))
+        except Exception as exc:  # noqa: BLE001 - never stop the server from starting
+            ctx.fallback(f"the route checks could not be added ({type(exc).__name__}: {exc}); "
+                         "those routes answer as the engine does")
+        return original(*args, **kwargs)
+
+    ctx.around("_setup_and_run_http_server", setup_and_run_http_server)
+
+
 # In this order (the order of their wraps in the installer's registry).
 PARTS = (install_check, install_sessions, install_way_in, install_exact_aborts,
-         install_grammar_bound, install_stop_regex)
+         install_grammar_bound, install_stop_regex, install_ollama, install_routes)
+
+
+# The last install's guard (one install per process): the route wraps use it (guard_app_routes).
+INSTALLED: dict = {}
+
+
+def guard_app_routes(app) -> list[str]:
+    """The route wraps of this process's install on `app` (what install_routes does at the
+    engine's app setup; the unit tests call it on the engine's app they drive)."""
+    return guard_routes(app, INSTALLED["guard"], INSTALLED["guard"].ctx.fallback)
 
 
 def install(ctx) -> str:
     guard = Guard(ctx)
+    INSTALLED["guard"] = guard
     for part in PARTS:
         part(ctx, guard)
     limits, re2 = guard.limits, guard.re2

@@ -115,7 +115,9 @@ class Limits:
 
 REASONS = ("input_ids", *(f.name for f in FIELDS), *(n.name for n in SAMPLING_NUMBERS),
            "logit_bias", "stop", "stop_regex", "grammar", "sessions", "rid",
-           *PROMPT_INDEX_FIELDS, "logprob_entries", "unchecked")
+           *PROMPT_INDEX_FIELDS, "logprob_entries", "sampling_seed", "options", "vertex",
+           "engine_value_error",
+           "unchecked")
 
 # Counter keys in receipts.counters["input_guard"] (series: adapter/metrics.py KEYS).
 COUNTERS = {
@@ -416,6 +418,48 @@ def check_prompt_indices(tokenized, prompt_len):
     return None
 
 
+POOL = "token_indices_to_pool"
+
+
+def check_pooling(tokenized, prompt_len, chunk: int | None):
+    """(field, message) for a `token_indices_to_pool` the engine's pooling path cannot serve.
+
+    The path (read in the engine, each death measured on the stock CPU server, docs/input_guard.md):
+    the scheduler keeps the list on the request; only a prefill-only request (max_new_tokens 0)
+    reads it; the forward batch makes one tensor of it per request, and the logits processor
+    (`compute_logprobs_at_positions`) adds each request's offset in the batch's *extend* rows and
+    indexes the hidden states with it. So an index is a row of this prefill, not of the prompt:
+    - the rows start after the prefix the radix cache served: only `return_logprob` with
+      `logprob_start_len` 0 (the engine's own scoring shape, /v1/score) keeps the prefill whole
+      (any other: a cached prefix makes the rows fewer, IndexError, the scheduler dies);
+    - a prompt longer than the chunked-prefill size runs in chunks, each indexed with the whole
+      list (AssertionError / IndexError in the first chunk);
+    - an empty list: `torch.cat` of nothing when the batch holds no other pooled request;
+    - order and duplicates are served (one row each, in the order given)."""
+    value = getattr(tokenized, POOL, None)
+    if value is None or not hasattr(tokenized, "top_logprobs_num"):    # embedding: its own pooler
+        return None
+    max_new = getattr(tokenized.sampling_params, "max_new_tokens", None)
+    if max_new != 0:
+        return POOL, (f"{POOL} is read only on a prefill-only request (sampling_params."
+                      f"max_new_tokens 0); with max_new_tokens {_short(max_new)} this engine "
+                      "ignores it: send max_new_tokens 0 to pool, or leave it out to generate")
+    if isinstance(value, (list, tuple)) and not value:
+        return POOL, (f"{POOL} = [] has no position: this engine pools at least one position of "
+                      "the prompt per request")
+    if not getattr(tokenized, "return_logprob", False) or tokenized.logprob_start_len != 0:
+        return POOL, (f"{POOL} indexes the rows of this request's prefill, which start after any "
+                      "prefix the radix cache serves: this engine keeps the prefill whole only "
+                      "with return_logprob true and logprob_start_len 0 (its own scoring shape); "
+                      f"got return_logprob {_short(getattr(tokenized, 'return_logprob', None))}, "
+                      f"logprob_start_len {_short(tokenized.logprob_start_len)}")
+    if chunk is not None and chunk > 0 and prompt_len is not None and prompt_len > chunk:
+        return POOL, (f"{POOL} on a prompt of {prompt_len} tokens: this line prefills in chunks of "
+                      f"{chunk} tokens and the engine's pooling path indexes each chunk with the "
+                      f"whole list; pooled prompts must be at most {chunk} tokens")
+    return None
+
+
 def check_logprob_cost(tokenized, prompt_len, limits: Limits):
     if not getattr(tokenized, "return_logprob", False) or prompt_len is None:
         return None
@@ -434,9 +478,10 @@ def check_logprob_cost(tokenized, prompt_len, limits: Limits):
 
 
 def check(tokenized, vocab: int, kinds: dict, fallback=lambda reason: None, limits=Limits(),
-          re2=None):
+          re2=None, chunk: int | None = None):
     """(reason, message) when the tokenized request would kill, hang or slow the scheduler past
-    this line's bounds, else None. Raises Unchecked when a value has a shape the guard does not
+    this line's bounds, else None. `chunk`: the line's chunked-prefill size (pooled prompts fit in
+    one chunk). Raises Unchecked when a value has a shape the guard does not
     know (the caller refuses it)."""
     message = check_ids(tokenized, vocab, fallback)
     if message is not None:
@@ -475,7 +520,7 @@ def check(tokenized, vocab: int, kinds: dict, fallback=lambda reason: None, limi
     if message is not None:
         return "grammar", message
     prompt_len = _prompt_len(tokenized)
-    bad = check_prompt_indices(tokenized, prompt_len)
+    bad = check_prompt_indices(tokenized, prompt_len) or check_pooling(tokenized, prompt_len, chunk)
     if bad is not None:
         return bad
     if is_generate:
@@ -527,3 +572,142 @@ class Re2Search:
 
     def __getattr__(self, name):
         return getattr(self._re, name)
+
+
+# ---- the routes' own bodies, before the engine builds a request of them --------------------------
+
+# The Ollama options the engine maps (entrypoints/ollama/serving.py `_convert_options_to_sampling_params`)
+# -> the engine's sampling field; `seed` goes to `sampling_seed` (input_guard maps it: the engine's
+# mapping names a field `seed` that SamplingParams does not have). Ollama's other documented options
+# (num_ctx, repeat_penalty, min_p, ...) are not mapped by the engine: ignored, as the engine does.
+OLLAMA_OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                  "num_predict": "max_new_tokens", "stop": "stop",
+                  "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+                  "seed": "sampling_seed"}
+INT64 = (-(2**63), 2**63 - 1)
+_NUMBERS = {n.name: n for n in SAMPLING_NUMBERS}
+
+
+def _expects(num: Number) -> str:
+    high = "" if num.high is None else f"{int(num.high)}" if num.kind == "int" else f"{num.high:g}"
+    if num.kind == "int":
+        return f"an integer in {num.low}..{high}" if high else f"an integer >= {num.low}"
+    low = f"({num.low}" if num.low_open else f"[{num.low}"
+    return f"a number in {low}, {high}]"
+
+
+def check_sampling_value(name: str, value, where: str):
+    """A message when a sampling value has a type the engine's SamplingParams cannot take (it
+    would raise TypeError comparing it, a 500 on the routes that map only ValueError), else None.
+    Ranges are the engine's own check (its ValueError) and the choke point's."""
+    label = f"{where}.{name}"
+    num = _NUMBERS.get(name)
+    if num is not None:
+        ok = _is_int(value) if num.kind == "int" else _is_real(value)
+        if value is None and num.optional:
+            return None
+        if not ok:
+            kind = "an integer" if num.kind == "int" else "a number"
+            return (f"{label} = {_short(value)} is {_shape(value)}, not {kind}: this engine expects "
+                    f"{_expects(num)}")
+        return None
+    if name == "sampling_seed":
+        if not _is_int(value) or isinstance(value, bool) or not INT64[0] <= value <= INT64[1]:
+            return (f"{label} = {_short(value)} is not a seed: this engine expects an integer in "
+                    "[-2**63, 2**63 - 1]")
+        return None
+    if name in ("stop", "stop_regex"):
+        if value is None or isinstance(value, str) or (
+                isinstance(value, list) and all(isinstance(x, str) for x in value)):
+            return None
+        return f"{label} = {_short(value)} is {_shape(value)}: this engine expects a string or a list of strings"
+    if name == "stop_token_ids":
+        if value is None or (isinstance(value, list) and all(_is_int(x) for x in value)):
+            return None
+        return f"{label} = {_short(value)} is {_shape(value)}: this engine expects a list of token ids"
+    if name == "logit_bias":
+        if value is None or isinstance(value, dict):
+            return None
+        return (f"{label} = {_short(value)} is {_shape(value)}: this engine expects an object of "
+                "token id -> bias")
+    if name in GRAMMAR_FIELDS:
+        if value is None or isinstance(value, str):
+            return None
+        return f"{label} = {_short(value)} is {_shape(value)}: this engine expects one string"
+    return None
+
+
+def check_sampling_params(sp, where: str, accepted: frozenset):
+    """A message for a sampling-params object (or the batch form, a list of them) the engine's
+    `SamplingParams(**sp)` cannot take: not an object, a name it does not have (TypeError), a
+    value of a type it cannot compare."""
+    items = sp if isinstance(sp, list) else [sp]
+    for item in items:
+        if item is None:
+            continue
+        if not isinstance(item, dict):
+            return (f"{where} = {_short(item)} is {_shape(item)}: this engine expects an object of "
+                    "sampling parameters (or a list of them, one per prompt)")
+        unknown = sorted(k for k in item if k not in accepted)
+        if unknown:
+            return (f"{where} has {_short(unknown[0])}, which is not a sampling parameter of this "
+                    f"engine; it takes: {', '.join(sorted(accepted))}")
+        for name, value in item.items():
+            message = check_sampling_value(name, value, where)
+            if message is not None:
+                return message
+    return None
+
+
+def check_ollama_options(options):
+    """(field, message) for Ollama `options` the engine's Ollama route would turn into a 500 (a value its
+    SamplingParams cannot compare), else None. Ollama's documented names the engine does not map
+    are ignored, as the engine ignores them."""
+    if options is None:
+        return None
+    if not isinstance(options, dict):
+        return "options", f"options = {_short(options)} is {_shape(options)}: Ollama expects an object"
+    for option, field in OLLAMA_OPTIONS.items():
+        if option in options:
+            message = check_sampling_value(field, options[option], "sampling_params")
+            if message is not None:
+                return field, (f"options.{option} = {_short(options[option])} (this engine's "
+                               f"sampling_params.{field}): " + message.split(": ", 1)[1])
+    return None
+
+
+VERTEX_INPUTS = ("text", "input_ids", "input_embeds")
+
+
+def check_vertex(instances, parameters, request_fields: frozenset, sampling_fields: frozenset):
+    """A message for a `/vertex_generate` body the engine's route cannot build a request of
+    (`GenerateReqInput(**inputs, image_data=..., **parameters)`: a name it does not have is a
+    TypeError, a 500), or whose values it cannot compare, else None."""
+    if not isinstance(instances, list) or not all(isinstance(i, dict) for i in instances):
+        return "instances must be a list of objects"
+    key = next((k for k in VERTEX_INPUTS if instances and instances[0].get(k)), None)
+    if key == "text":
+        bad = next((i.get("text") for i in instances if not isinstance(i.get("text"), str)), None)
+        if any(not isinstance(i.get("text"), str) for i in instances):
+            return (f"instances[].text = {_short(bad)} is {_shape(bad)}: this engine expects one "
+                    "string per instance (the same input key in every instance)")
+    elif key == "input_ids":
+        for i in instances:
+            ids = i.get("input_ids")
+            if not isinstance(ids, list) or not all(_is_int(t) for t in ids):
+                return (f"instances[].input_ids = {_short(ids)} is not a list of token ids: this "
+                        "engine expects one list of integers per instance")
+    if parameters is None:
+        return None
+    if not isinstance(parameters, dict):
+        return f"parameters = {_short(parameters)} is {_shape(parameters)}: this engine expects an object"
+    own = set(VERTEX_INPUTS) | {"image_data"}
+    unknown = sorted(k for k in parameters if k not in request_fields or k in own)
+    if unknown:
+        name = unknown[0]
+        why = ("the route sets it from the instances" if name in own else
+               "not a field of this engine's GenerateReqInput")
+        return (f"parameters.{name}: {why}; sampling fields go in parameters.sampling_params, "
+                "request fields (stream, return_logprob, ...) in parameters")
+    return check_sampling_params(parameters.get("sampling_params"), "parameters.sampling_params",
+                                 sampling_fields)
