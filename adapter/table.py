@@ -269,7 +269,18 @@ HOOKS: tuple[Hook, ...] = (
     # the first thing generate_request does, expands the request n times): bounded on the way in.
     Hook("input_guard", _TM, "TokenizerManager.generate_request", touches=(
         f"{_IO}:GenerateReqInput.sampling_params", f"{_IO}:GenerateReqInput.normalize_batch_and_arguments",
-        f"{_IO}:GenerateReqInput._handle_parallel_sampling")),
+        f"{_IO}:GenerateReqInput._handle_parallel_sampling",
+        # issue 50: samples bounded over the whole request (prompts x n), text before tokenizing
+        f"{_IO}:GenerateReqInput.text", f"{_IO}:GenerateReqInput.input_ids",
+        f"{_IO}:GenerateReqInput.input_embeds", f"{_IO}:GenerateReqInput._normalize_batch_inputs",
+        f"{_TM}:TokenizerManager._tokenize_one_request")),
+    # input_guard: an abort of a refused request never reaches another request (issue 50): the
+    # stream's abort task aborts only the states its own request registered.
+    Hook("input_guard", _TM, "TokenizerManager._init_req_state", touches=(
+        f"{_TM}:TokenizerManager.rid_to_state", f"{_IO}:GenerateReqInput.is_single",
+        f"{_IO}:GenerateReqInput.rid")),
+    Hook("input_guard", _TM, "TokenizerManager.create_abort_task", touches=(
+        f"{_TM}:TokenizerManager.abort_request",)),
     # input_guard: rids are exact. The scheduler's abort matches every queue by rid prefix; the
     # requests whose rid merely starts with the aborted one are hidden for its duration.
     Hook("input_guard", _SCHED, "Scheduler.abort_request", touches=(
@@ -320,7 +331,10 @@ HOOKS: tuple[Hook, ...] = (
     # name it does not have) get the body checked first (issue 50).
     Hook("input_guard", _HTTP, "_setup_and_run_http_server", touches=(
         f"{_HTTP}:app", f"{_HTTP}:vertex_generate", f"{_IO}:VertexGenerateReqInput",
-        f"{_IO}:GenerateReqInput")),
+        f"{_IO}:GenerateReqInput",
+        # the parse routes run their parser on the HTTP event loop: text bounded before it runs
+        f"{_HTTP}:parse_function_call_request", f"{_HTTP}:separate_reasoning_request",
+        f"{_IO}:ParseFunctionCallReq", f"{_IO}:SeparateReasoningReqInput")),
     # admin_guard: where the engine adds its auth middleware (before uvicorn starts), add ours
     # when no admin key is configured: ADMIN_OPTIONAL routes get the engine's ADMIN_FORCE answer
     # (403) through the engine's own route match and decision; its post-warmup /freeze_gc passes.

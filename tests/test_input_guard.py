@@ -186,7 +186,8 @@ def test_the_receipt_names_every_guarded_field(install_adapters):
     receipt = input_guard.install(ctx)
     assert hooks == ["TokenizerManager._create_tokenized_object", "TokenizerControlMixin.open_session",
                      "TokenizerControlMixin.close_session",
-                     "TokenizerManager.generate_request", "Scheduler.abort_request",
+                     "TokenizerManager.generate_request", "TokenizerManager._init_req_state",
+                     "TokenizerManager.create_abort_task", "Scheduler.abort_request",
                      "XGrammarGrammar.accept_token", "XGrammarGrammar.fill_vocab_mask",
                      "Scheduler.process_batch_result",
                      "OllamaServing._convert_options_to_sampling_params", "OllamaServing.handle_chat",

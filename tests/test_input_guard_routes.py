@@ -17,7 +17,8 @@ def client(app_client):  # noqa: F811
     """The app with the route wraps of this install (what the engine's app setup gets)."""
     from sglang.srt.entrypoints import http_server as hs
 
-    assert input_guard.hooks.guard_app_routes(hs.app) == ["/vertex_generate"]
+    assert sorted(input_guard.hooks.guard_app_routes(hs.app)) == [
+        "/parse_function_call", "/separate_reasoning", "/vertex_generate"]
     try:
         yield app_client
     finally:
@@ -183,3 +184,99 @@ def test_a_pooled_prompt_longer_than_one_chunk_is_400(chunked_manager):
                                          f"chunks of {chunk} tokens"):
         _pool(manager, ids, [10], **SCORING)
     _pool(manager, ids[:chunk], [chunk - 1], **SCORING)     # one chunk: served
+
+
+# --- the review's classes: what a request costs before the check, and whose abort it is ----------
+
+def test_a_batch_of_prompts_is_bounded_by_its_samples_all_together(client):
+    """The `n` bound is the whole request's: 200 prompts x n 100 is 20,000 samples the engine's
+    normalisation would expand on the HTTP event loop (each prompt under the bound)."""
+    client, sent = client
+    resp = client.post("/generate", json={"text": ["hi"] * 200, "sampling_params": {"n": 100}})
+    assert resp.status_code == 400
+    assert ("this request asks for 20000 samples (200 prompts, sampling_params.n each 100), over "
+            "this line's limit of 128 samples per request, all its prompts together "
+            "(DSV41_INPUT_GUARD_MAX_N)") in resp.text
+    resp = client.post("/generate", json={"text": ["hi"] * 3, "sampling_params": [{"n": 100}, {"n": 20},
+                                                                                   {"n": 20}]})
+    assert resp.status_code == 400 and "140 samples (3 prompts, sampling_params.n summed)" in resp.text
+    assert sent == []
+    client.post("/generate", json={"text": ["hi"] * 4, "sampling_params": {"n": 32, "temperature": 1.0,
+                                                                           "max_new_tokens": 2}})
+    assert len(sent) == 1                   # 128 samples: at the bound, sent
+
+
+def test_text_longer_than_the_bound_is_refused_before_it_is_tokenized(client, monkeypatch):
+    """The tokenizer manager tokenizes text on the HTTP event loop (a 9 MB body stalled every
+    client ~6 s): refused before any tokenizing."""
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    client, sent = client
+    tokenized = []
+    real = TokenizerManager._tokenize_one_request
+
+    async def spy(self, obj):
+        tokenized.append(obj)
+        return await real(self, obj)
+
+    monkeypatch.setattr(TokenizerManager, "_tokenize_one_request", spy)
+    resp = client.post("/generate", json={"text": "a" * 1_000_001, "sampling_params": {"max_new_tokens": 1}})
+    assert resp.status_code == 400, resp.text
+    assert ("text has 1,000,001 characters, over this line's limit of 1,000,000 per request "
+            "(DSV41_INPUT_GUARD_MAX_TEXT_CHARS)") in resp.text
+    assert tokenized == [] and sent == []
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/parse_function_call", {"text": "<tool_call>" * 4000, "tools": [], "tool_call_parser": "qwen25"}),
+    ("/separate_reasoning", {"text": "<think>" * 6000, "reasoning_parser": "deepseek-r1"}),
+])
+def test_parse_routes_refuse_text_over_the_bound_before_the_parser_runs(client, monkeypatch, path, body):
+    from sglang.srt.function_call.function_call_parser import FunctionCallParser
+
+    client, _ = client
+    parsed = []
+    monkeypatch.setattr(FunctionCallParser, "parse_non_stream", lambda self, text: parsed.append(text))
+    resp = client.post(path, json=body)
+    assert resp.status_code == 400, resp.text
+    assert (f"over this line's limit of 32,768 for {path} (DSV41_INPUT_GUARD_MAX_PARSE_CHARS)"
+            in resp.text)
+    assert parsed == []
+
+
+def test_parse_function_call_within_the_bound_is_served(client):
+    client, _ = client
+    resp = client.post("/parse_function_call", json={"text": "hello", "tools": [],
+                                                     "tool_call_parser": "qwen25"})
+    assert resp.status_code == 200, resp.text
+
+
+def test_a_refused_duplicates_abort_never_reaches_the_owners_request(manager, monkeypatch):  # noqa: F811
+    """A streamed /generate schedules an abort of its rid when its stream ends; the engine refuses
+    a duplicate rid (400) but its stream's abort task aborted the owner's running request."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    monkeypatch.setattr("asyncio.sleep", _no_sleep)
+    aborted = []
+    monkeypatch.setattr(manager, "abort_request", lambda rid=None, **kw: aborted.append(rid))
+    owner = GenerateReqInput(input_ids=[5, 6], rid="job-7", stream=True)
+    owner.normalize_batch_and_arguments()
+    manager._init_req_state(owner)
+    dup = GenerateReqInput(input_ids=[5, 6], rid="job-7", stream=True)
+    dup.normalize_batch_and_arguments()
+    with pytest.raises(ValueError, match="Duplicate request ID detected: job-7"):
+        manager._init_req_state(dup)
+    _run(manager.create_abort_task(dup))
+    assert aborted == []                        # the owner's request goes on
+    _run(manager.create_abort_task(owner))      # the owner's own stream: its abort as the engine's
+    assert aborted == ["job-7"]
+
+
+async def _no_sleep(seconds):
+    return None
+
+
+def _run(tasks):
+    import asyncio
+
+    asyncio.run(tasks())

@@ -3,6 +3,7 @@ installer per place, each registering its wraps (adapter/table.py rows, pinned) 
 installer's context. The engine's types are read here, at install; the rules stay engine-free."""
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib
 import sys
@@ -10,8 +11,9 @@ import time
 
 from adapter import receipts
 from adapter.input_guard.rules import (
-    FIELDS, KEY, LIMIT_KEYS, NAME, SESSIONS_OFF, Limits, Re2Search, Unchecked, _is_int, check,
-    check_ollama_options, check_vertex, kind_of, re2_module)
+    FIELDS, KEY, LIMIT_KEYS, NAME, SESSIONS_OFF, Limits, Re2Search, Unchecked, check,
+    check_ollama_options, check_parse_size, check_samples, check_text_size, check_vertex, kind_of,
+    re2_module)
 from adapter.tp_group import all_reduce_max
 
 SB = "sglang.srt.managers.schedule_batch"
@@ -171,21 +173,63 @@ def install_sessions(ctx, guard: Guard) -> None:
 
 
 def install_way_in(ctx, guard: Guard) -> None:
-    """What is spent before the choke point: the engine's normalisation (first thing in
-    generate_request) expands the request n times."""
+    """What is spent before the choke point, bounded before it is spent: the engine's
+    normalisation (first thing in generate_request) expands the request into prompts x n samples,
+    and the tokenizer manager tokenizes text on the HTTP event loop."""
     limits = guard.limits
 
     def generate_request(original, self, obj, *args, **kwargs):
-        sp = getattr(obj, "sampling_params", None)
-        items = [sp] if isinstance(sp, dict) else sp if isinstance(sp, list) else ()
-        for item in items:
-            n = item.get("n", 1) if isinstance(item, dict) else 1
-            if _is_int(n) and n > limits.n:
-                guard.reject("n", f"sampling_params.n = {n} is over this line's limit of {limits.n} "
-                                  f"parallel samples per request ({LIMIT_KEYS['n']})")
+        message = check_samples(obj, limits)
+        if message is not None:
+            guard.reject("n", message)
+        message = check_text_size(obj, limits)
+        if message is not None:
+            guard.reject("text_chars", message)
         return original(self, obj, *args, **kwargs)
 
     ctx.around("TokenizerManager.generate_request", generate_request)
+
+
+def install_own_aborts(ctx, guard: Guard) -> None:
+    """A refused request's abort never reaches another request: a streamed /generate schedules an
+    abort of its rids when its stream ends (`create_abort_task`); when the engine refused the
+    request as a duplicate, those rids are another client's. Each request's abort takes only the
+    states that request registered (`_init_req_state`)."""
+    def init_req_state(original, self, obj, *args, **kwargs):
+        out = original(self, obj, *args, **kwargs)          # a duplicate raises: nothing noted
+        try:
+            rids = [obj.rid] if obj.is_single else list(obj.rid)
+            obj._dsv41_states = {rid: self.rid_to_state.get(rid) for rid in rids}
+        except Exception as exc:  # noqa: BLE001 - the engine's abort stays as it is
+            ctx.fallback(f"could not note a request's own states ({type(exc).__name__}); its "
+                         "stream's abort task aborts its rids as the engine does")
+        return out
+
+    def create_abort_task(original, self, obj):
+        tasks = original(self, obj)
+        try:
+            task = tasks.tasks[0]
+        except (AttributeError, IndexError):
+            ctx.fallback("the engine's abort task has another shape; left as it is")
+            return tasks
+
+        async def abort_own():
+            await asyncio.sleep(2)                  # as the engine's own task
+            own = getattr(obj, "_dsv41_states", None)
+            if own is None:                         # refused before it registered: nothing of its own
+                if getattr(obj, "rid", None) is not None:
+                    guard.once("abort_refused", "kept the abort task of a refused request (rid %r) "
+                               "from another client's request with that rid (logged once)", obj.rid)
+                return
+            for rid, state in own.items():
+                if state is not None and self.rid_to_state.get(rid) is state:
+                    self.abort_request(rid)
+
+        task.func, task.args, task.kwargs = abort_own, (), {}
+        return tasks
+
+    ctx.around("TokenizerManager._init_req_state", init_req_state)
+    ctx.around("TokenizerManager.create_abort_task", create_abort_task)
 
 
 def install_exact_aborts(ctx, guard: Guard) -> None:
@@ -437,11 +481,26 @@ def guard_routes(app, guard: Guard, fallback) -> list[str]:
         guarded.__wrapped__ = original
         return guarded
 
+    def parse_route(original, path):
+        async def guarded(obj, request):
+            message = check_parse_size(getattr(obj, "text", None), path, guard.limits)
+            if message is not None:
+                guard.reject("parse_chars", message)
+            return await original(obj=obj, request=request)
+
+        guarded._dsv41_guarded = True
+        guarded.__wrapped__ = original
+        return guarded
+
+    wraps = {http.vertex_generate: lambda call, path: vertex_generate(call),
+             http.parse_function_call_request: parse_route,
+             http.separate_reasoning_request: parse_route}
     for route in getattr(app, "routes", ()):
         dependant = getattr(route, "dependant", None)
-        if getattr(route, "endpoint", None) is http.vertex_generate and dependant is not None:
+        wrap = wraps.get(getattr(route, "endpoint", None))
+        if wrap is not None and dependant is not None:
             if not getattr(dependant.call, "_dsv41_guarded", False):
-                dependant.call = vertex_generate(dependant.call)
+                dependant.call = wrap(dependant.call, route.path)
             wrapped.append(route.path)
     if not wrapped:
         fallback("/vertex_generate not found among the app's routes: its body is not checked "
@@ -466,7 +525,7 @@ def install_routes(ctx, guard: Guard) -> None:
 
 
 # In this order (the order of their wraps in the installer's registry).
-PARTS = (install_check, install_sessions, install_way_in, install_exact_aborts,
+PARTS = (install_check, install_sessions, install_way_in, install_own_aborts, install_exact_aborts,
          install_grammar_bound, install_stop_regex, install_ollama, install_routes)
 
 

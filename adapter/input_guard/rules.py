@@ -92,7 +92,9 @@ SESSIONS_OFF = ("sessions are off on this line (dsv41 input_guard): the engine's
 LIMIT_KEYS = {"n": "DSV41_INPUT_GUARD_MAX_N",
               "logprob_entries": "DSV41_INPUT_GUARD_MAX_LOGPROB_ENTRIES",
               "stop": "DSV41_INPUT_GUARD_MAX_STOP_CHARS",
-              "grammar_step_ms": "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS"}
+              "grammar_step_ms": "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS",
+              "text_chars": "DSV41_INPUT_GUARD_MAX_TEXT_CHARS",
+              "parse_chars": "DSV41_INPUT_GUARD_MAX_PARSE_CHARS"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +104,8 @@ class Limits:
     logprob_entries: int = 1_000_000
     stop_chars: int = 4096
     grammar_step_ms: int = 100
+    text_chars: int = 1_000_000
+    parse_chars: int = 32_768
 
     @classmethod
     def from_ctx(cls, ctx) -> "Limits":
@@ -110,13 +114,15 @@ class Limits:
             return cls()
         return cls(n=value(LIMIT_KEYS["n"]), logprob_entries=value(LIMIT_KEYS["logprob_entries"]),
                    stop_chars=value(LIMIT_KEYS["stop"]),
-                   grammar_step_ms=value(LIMIT_KEYS["grammar_step_ms"]))
+                   grammar_step_ms=value(LIMIT_KEYS["grammar_step_ms"]),
+                   text_chars=value(LIMIT_KEYS["text_chars"]),
+                   parse_chars=value(LIMIT_KEYS["parse_chars"]))
 
 
 REASONS = ("input_ids", *(f.name for f in FIELDS), *(n.name for n in SAMPLING_NUMBERS),
            "logit_bias", "stop", "stop_regex", "grammar", "sessions", "rid",
            *PROMPT_INDEX_FIELDS, "logprob_entries", "sampling_seed", "options", "vertex",
-           "engine_value_error",
+           "engine_value_error", "text_chars", "parse_chars",
            "unchecked")
 
 # Counter keys in receipts.counters["input_guard"] (series: adapter/metrics.py KEYS).
@@ -711,3 +717,68 @@ def check_vertex(instances, parameters, request_fields: frozenset, sampling_fiel
                 "request fields (stream, return_logprob, ...) in parameters")
     return check_sampling_params(parameters.get("sampling_params"), "parameters.sampling_params",
                                  sampling_fields)
+
+
+# ---- what a request costs before the choke point (the HTTP event loop, the engine's expansion) ----
+
+def _prompts(obj) -> int:
+    """How many prompts a GenerateReqInput carries before the engine normalises it (its batch
+    form: a list of texts, a list of id lists, a list of embeddings)."""
+    for name in ("text", "input_ids", "input_embeds"):
+        value = getattr(obj, name, None)
+        if value is None:
+            continue
+        if name == "text":
+            return len(value) if isinstance(value, list) else 1
+        return len(value) if isinstance(value, list) and value and isinstance(value[0], list) else 1
+    return 1
+
+
+def check_samples(obj, limits: Limits):
+    """A message when the whole request asks for more samples than the line's bound (prompts x
+    n, or the sum of each prompt's n): the engine's normalisation expands it before the choke
+    point, on the HTTP event loop."""
+    sp = getattr(obj, "sampling_params", None)
+    prompts = _prompts(obj)
+    if isinstance(sp, list):
+        ns = [item.get("n", 1) if isinstance(item, dict) else 1 for item in sp]
+    else:
+        ns = [sp.get("n", 1) if isinstance(sp, dict) else 1] * prompts
+    if not all(_is_int(n) for n in ns):
+        return None                         # the engine's / the choke point's type check
+    total = sum(max(int(n), 1) for n in ns)
+    if total <= limits.n:
+        return None
+    if len(ns) == 1:
+        return (f"sampling_params.n = {ns[0]} is over this line's limit of {limits.n} parallel "
+                f"samples per request ({LIMIT_KEYS['n']})")
+    return (f"this request asks for {total} samples ({len(ns)} prompts, sampling_params.n "
+            f"{'each ' + str(ns[0]) if len(set(ns)) == 1 else 'summed'}), over this line's limit of "
+            f"{limits.n} samples per request, all its prompts together ({LIMIT_KEYS['n']})")
+
+
+def check_text_size(obj, limits: Limits):
+    """A message when a request's prompt text is longer than the line's bound (the tokenizer
+    manager tokenizes it on the HTTP event loop, every other client waiting)."""
+    text = getattr(obj, "text", None)
+    if isinstance(text, str):
+        total = len(text)
+    elif isinstance(text, list):
+        total = sum(len(t) for t in text if isinstance(t, str))
+    else:
+        return None
+    if total <= limits.text_chars:
+        return None
+    return (f"text has {total:,} characters, over this line's limit of {limits.text_chars:,} per "
+            f"request ({LIMIT_KEYS['text_chars']}): the engine tokenizes text on its HTTP event "
+            "loop, where every other client waits; send the prompt as input_ids instead")
+
+
+def check_parse_size(text, route: str, limits: Limits):
+    """A message when a parse route's text is longer than the line's bound (the parser runs on
+    the HTTP event loop, its cost grows with the square of the text for unclosed tags)."""
+    if not isinstance(text, str) or len(text) <= limits.parse_chars:
+        return None
+    return (f"text has {len(text):,} characters, over this line's limit of {limits.parse_chars:,} "
+            f"for {route} ({LIMIT_KEYS['parse_chars']}): the parser runs on the HTTP event loop, "
+            "where every other client waits")
