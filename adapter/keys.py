@@ -102,6 +102,14 @@ KEYS: tuple[Key, ...] = (
         hi=10**9, doc="input_guard: the most text characters /parse_function_call and "
                       "/separate_reasoning parse on the HTTP event loop; more gets HTTP 400 "
                       "naming this key before the parser runs"),
+    Key("DSV41_INPUT_GUARD_GRAMMAR_CACHE", "int", "input_guard", default=128, lo=1, hi=10**6,
+        doc="input_guard: the most compiled grammars the scheduler's grammar cache keeps (the "
+            "oldest go first); xgrammar's own compiler cache is bounded by "
+            "DSV41_INPUT_GUARD_GRAMMAR_CACHE_MB; a grammar compilation that timed out is never "
+            "cached as the grammar's verdict"),
+    Key("DSV41_INPUT_GUARD_GRAMMAR_CACHE_MB", "int", "input_guard", default=256, lo=1, hi=10**6,
+        doc="input_guard: the most memory xgrammar's compiler cache keeps, in MB (the engine "
+            "builds it unbounded)"),
     Key("DSV41_ADMIN_GUARD", "flag", "admin_guard", enables=True, default=0,
         doc="the engine's admin routes (ADMIN_OPTIONAL) answer HTTP 403 naming --admin-api-key "
             "unless that key is configured"),

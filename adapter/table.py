@@ -315,6 +315,17 @@ HOOKS: tuple[Hook, ...] = (
         # sets on its grammar error path, and how the tokenizer manager answers its status
         f"{_SB}:FINISH_ABORT", f"{_SB}:Req.to_finish", f"{_SB}:Req.update_finish_state",
         f"{_TM}:TokenizerManager._handle_abort_finish_reason")),
+    # input_guard: the grammar caches bounded, a compile timeout never cached as the grammar's
+    # verdict (issue 50): the engine caches every compile result in a dict without bound and
+    # builds xgrammar's compiler with an unbounded cache.
+    Hook("input_guard", "sglang.srt.constrained.base_grammar_backend", "BaseGrammarBackend.set_cache",
+         touches=("sglang.srt.constrained.base_grammar_backend:BaseGrammarBackend.__init__",
+                  "sglang.srt.constrained.base_grammar_backend:BaseGrammarBackend.get_cached_or_future_value",
+                  "sglang.srt.constrained.base_grammar_backend:InvalidGrammarObject",
+                  "sglang.srt.constrained.grammar_manager:GrammarManager.get_ready_grammar_requests")),
+    Hook("input_guard", _XG, "XGrammarGrammarBackend.__init__", touches=(
+        f"{_XG}:XGrammarGrammarBackend._tokenizer_info", f"{_XG}:XGrammarGrammarBackend.grammar_compiler",
+        f"{_XG}:XGrammarGrammarBackend.reset")),
     # input_guard: the Ollama routes (issue 50): options.seed to the engine's sampling_seed, an
     # option of a type SamplingParams cannot compare is a 400, and the engine's ValueError for a
     # client's value is a 400 as on its other routes (these routes catch nothing).

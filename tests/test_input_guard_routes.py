@@ -9,7 +9,7 @@ import pytest
 from adapter import input_guard, receipts
 from conftest import close_zmq_sockets
 from test_input_guard import (  # noqa: F401
-    CHAT, KEYS, _real_manager, _tokenize, app_client, dense_model, manager)
+    CHAT, KEYS, VOCAB, _real_manager, _tokenize, app_client, dense_model, manager)
 
 
 @pytest.fixture
@@ -280,3 +280,43 @@ def _run(tasks):
     import asyncio
 
     asyncio.run(tasks())
+
+
+# --- the grammar caches (the scheduler's): bounded, a timeout never cached as the verdict ---------
+
+def test_a_compile_timeout_is_not_cached_and_the_cache_keeps_its_bound(install_adapters, caplog):
+    """The engine cached a compilation that ran past its timeout (the pool busy with another
+    client's schemas) as an invalid grammar: that schema was refused for every client until a
+    restart. The cache itself grew without bound (~1.4 MB a regex here)."""
+    assert install_adapters({**KEYS, "DSV41_INPUT_GUARD_GRAMMAR_CACHE": "3"})["input_guard"].status == "installed"
+    from sglang.srt.constrained.base_grammar_backend import BaseGrammarBackend, InvalidGrammarObject
+
+    backend = BaseGrammarBackend()
+    try:
+        backend.set_cache(("json", "{}"), InvalidGrammarObject("Grammar preprocessing timed out"))
+        assert backend.cache == {}                          # compiled again next time
+        value, hit = backend.get_cached_or_future_value(("json", "{}"), False)
+        assert not hit                                      # a compile, not the cached verdict
+        value.cancel()
+        backend.set_cache(("json", "bad"), InvalidGrammarObject("Grammar compilation failed: x"))
+        assert ("json", "bad") in backend.cache              # a real verdict stays cached
+        for i in range(5):
+            backend.set_cache(("regex", f"a{i}"), InvalidGrammarObject(f"r{i}"))
+        assert list(backend.cache) == [("regex", "a2"), ("regex", "a3"), ("regex", "a4")]
+    finally:
+        backend.executor.shutdown(wait=False)
+    assert "did not cache a grammar whose compilation timed out" in caplog.text
+
+
+def test_xgramars_compiler_cache_is_bounded(install_adapters, dense_model):  # noqa: F811
+    assert install_adapters({**KEYS, "DSV41_INPUT_GUARD_GRAMMAR_CACHE_MB": "8"})["input_guard"].status == "installed"
+    from transformers import AutoTokenizer
+
+    from sglang.srt.constrained.xgrammar_backend import XGrammarGrammarBackend
+
+    tok = AutoTokenizer.from_pretrained(str(dense_model))
+    backend = XGrammarGrammarBackend(tok, vocab_size=VOCAB)
+    try:
+        assert backend.grammar_compiler.cache_limit_bytes == 8 * 1024 * 1024
+    finally:
+        backend.executor.shutdown(wait=False)

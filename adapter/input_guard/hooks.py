@@ -384,6 +384,45 @@ def install_grammar_bound(ctx, guard: Guard) -> None:
     ctx.around("Scheduler.process_batch_result", process_batch_result)
 
 
+TIMED_OUT = "Grammar preprocessing timed out"      # the engine's verdict on a compile past its timeout
+
+
+def install_grammar_cache(ctx, guard: Guard) -> None:
+    """The scheduler's grammar caches, bounded, and a timeout never cached as a grammar's verdict:
+    the engine caches a compilation that ran past its timeout (the compile pool busy with another
+    client's schemas) as an invalid grammar, refused for every client until a restart."""
+    limits = guard.limits
+
+    def set_cache(original, self, key, value):
+        message = getattr(value, "error_message", None)
+        if isinstance(message, str) and message.startswith(TIMED_OUT):
+            guard.once("grammar_timeout", "did not cache a grammar whose compilation timed out "
+                       "(%s): the next request with it compiles it again (logged once)",
+                       key[0] if isinstance(key, tuple) and key else "grammar")
+            return None
+        out = original(self, key, value)
+        cache = getattr(self, "cache", None)
+        if isinstance(cache, dict):
+            while len(cache) > limits.grammar_cache:
+                cache.pop(next(iter(cache)))            # the oldest first
+        return out
+
+    def backend_init(original, self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        try:
+            from xgrammar import GrammarCompiler
+
+            self.grammar_compiler = GrammarCompiler(
+                tokenizer_info=self._tokenizer_info,
+                cache_limit_bytes=limits.grammar_cache_mb * 1024 * 1024)
+        except Exception as exc:  # noqa: BLE001 - the engine's compiler stays, unbounded
+            ctx.fallback(f"xgrammar's compiler cache left unbounded ({type(exc).__name__}: {exc})")
+        return out
+
+    ctx.around("BaseGrammarBackend.set_cache", set_cache)
+    ctx.around("XGrammarGrammarBackend.__init__", backend_init)
+
+
 def install_stop_regex(ctx, guard: Guard) -> None:
     """The scheduler's per-step stop_regex search runs on RE2 (schedule_batch's `re`)."""
     if guard.re2 is None:
@@ -526,7 +565,8 @@ def install_routes(ctx, guard: Guard) -> None:
 
 # In this order (the order of their wraps in the installer's registry).
 PARTS = (install_check, install_sessions, install_way_in, install_own_aborts, install_exact_aborts,
-         install_grammar_bound, install_stop_regex, install_ollama, install_routes)
+         install_grammar_bound, install_grammar_cache, install_stop_regex, install_ollama,
+         install_routes)
 
 
 # The last install's guard (one install per process): the route wraps use it (guard_app_routes).

@@ -94,7 +94,9 @@ LIMIT_KEYS = {"n": "DSV41_INPUT_GUARD_MAX_N",
               "stop": "DSV41_INPUT_GUARD_MAX_STOP_CHARS",
               "grammar_step_ms": "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS",
               "text_chars": "DSV41_INPUT_GUARD_MAX_TEXT_CHARS",
-              "parse_chars": "DSV41_INPUT_GUARD_MAX_PARSE_CHARS"}
+              "parse_chars": "DSV41_INPUT_GUARD_MAX_PARSE_CHARS",
+              "grammar_cache": "DSV41_INPUT_GUARD_GRAMMAR_CACHE",
+              "grammar_cache_mb": "DSV41_INPUT_GUARD_GRAMMAR_CACHE_MB"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +108,8 @@ class Limits:
     grammar_step_ms: int = 100
     text_chars: int = 1_000_000
     parse_chars: int = 32_768
+    grammar_cache: int = 128
+    grammar_cache_mb: int = 256
 
     @classmethod
     def from_ctx(cls, ctx) -> "Limits":
@@ -116,7 +120,9 @@ class Limits:
                    stop_chars=value(LIMIT_KEYS["stop"]),
                    grammar_step_ms=value(LIMIT_KEYS["grammar_step_ms"]),
                    text_chars=value(LIMIT_KEYS["text_chars"]),
-                   parse_chars=value(LIMIT_KEYS["parse_chars"]))
+                   parse_chars=value(LIMIT_KEYS["parse_chars"]),
+                   grammar_cache=value(LIMIT_KEYS["grammar_cache"]),
+                   grammar_cache_mb=value(LIMIT_KEYS["grammar_cache_mb"]))
 
 
 REASONS = ("input_ids", *(f.name for f in FIELDS), *(n.name for n in SAMPLING_NUMBERS),
