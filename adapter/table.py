@@ -318,14 +318,14 @@ HOOKS: tuple[Hook, ...] = (
     # input_guard: the grammar caches bounded, a compile timeout never cached as the grammar's
     # verdict (issue 50): the engine caches every compile result in a dict without bound and
     # builds xgrammar's compiler with an unbounded cache.
-    Hook("input_guard", "sglang.srt.constrained.base_grammar_backend", "BaseGrammarBackend.set_cache",
-         touches=("sglang.srt.constrained.base_grammar_backend:BaseGrammarBackend.__init__",
-                  "sglang.srt.constrained.base_grammar_backend:BaseGrammarBackend.get_cached_or_future_value",
-                  "sglang.srt.constrained.base_grammar_backend:InvalidGrammarObject",
-                  "sglang.srt.constrained.grammar_manager:GrammarManager.get_ready_grammar_requests")),
     Hook("input_guard", _XG, "XGrammarGrammarBackend.__init__", touches=(
         f"{_XG}:XGrammarGrammarBackend._tokenizer_info", f"{_XG}:XGrammarGrammarBackend.grammar_compiler",
-        f"{_XG}:XGrammarGrammarBackend.reset")),
+        f"{_XG}:XGrammarGrammarBackend.reset",
+        "sglang.srt.constrained.base_grammar_backend:BaseGrammarBackend.set_cache",
+        "sglang.srt.constrained.base_grammar_backend:BaseGrammarBackend.__init__",
+        "sglang.srt.constrained.base_grammar_backend:BaseGrammarBackend.get_cached_or_future_value",
+        "sglang.srt.constrained.base_grammar_backend:InvalidGrammarObject",
+        "sglang.srt.constrained.grammar_manager:GrammarManager.get_ready_grammar_requests")),
     # input_guard: the Ollama routes (issue 50): options.seed to the engine's sampling_seed, an
     # option of a type SamplingParams cannot compare is a 400, and the engine's ValueError for a
     # client's value is a 400 as on its other routes (these routes catch nothing).
@@ -334,17 +334,18 @@ HOOKS: tuple[Hook, ...] = (
         f"{_SP}:SamplingParams.verify", f"{_SP}:SamplingParams.sampling_seed",
         "sglang.srt.sampling.sampling_batch_info:SamplingBatchInfo.from_schedule_batch",
         "sglang.srt.layers.sampler:Sampler.forward")),
-    Hook("input_guard", _OLLAMA, "OllamaServing.handle_chat", touches=(
-        f"{_TM}:TokenizerManager._handle_abort_finish_reason",)),
-    Hook("input_guard", _OLLAMA, "OllamaServing.handle_generate"),
-    # input_guard: where the engine sets its app up, the routes whose handler builds a request of
-    # the body itself (/vertex_generate: GenerateReqInput(**parameters), a TypeError 500 for a
-    # name it does not have) get the body checked first (issue 50).
-    Hook("input_guard", _HTTP, "_setup_and_run_http_server", touches=(
-        f"{_HTTP}:app", f"{_HTTP}:vertex_generate", f"{_IO}:VertexGenerateReqInput",
-        f"{_IO}:GenerateReqInput",
-        # the parse routes run their parser on the HTTP event loop: text bounded before it runs
-        f"{_HTTP}:parse_function_call_request", f"{_HTTP}:separate_reasoning_request",
+    Hook("input_guard", _OLLAMA, "OllamaServing._generate_chat_response", touches=(
+        f"{_TM}:TokenizerManager._handle_abort_finish_reason", f"{_OLLAMA}:OllamaServing.handle_chat")),
+    Hook("input_guard", _OLLAMA, "OllamaServing._generate_generate_response", touches=(
+        f"{_OLLAMA}:OllamaServing.handle_generate",)),
+    # input_guard: once the launcher builds its tokenizer manager (the HTTP module and its app
+    # exist, uvicorn not yet serving), the routes whose handler builds a request of the body
+    # itself (/vertex_generate: GenerateReqInput(**parameters), a TypeError 500 for a name it does
+    # not have) get the body checked first, and the parse routes their text bounded (issue 50).
+    # (the HTTP module's own internals it touches: INFRA_TOUCHES["input_guard.routes"], checked
+    # when the routes are wrapped: this row installs while the HTTP module is still importing)
+    Hook("input_guard", _TM, "TokenizerManager.__init__", touches=(
+        f"{_IO}:VertexGenerateReqInput", f"{_IO}:GenerateReqInput",
         f"{_IO}:ParseFunctionCallReq", f"{_IO}:SeparateReasoningReqInput")),
     # admin_guard: where the engine adds its auth middleware (before uvicorn starts), add ours
     # when no admin key is configured: ADMIN_OPTIONAL routes get the engine's ADMIN_FORCE answer
@@ -381,6 +382,16 @@ INFRA_TOUCHES: dict[str, tuple[str, ...]] = {
         "sglang.srt.plugins.hook_registry:HookSource",
         "sglang.srt.plugins.hook_registry:_wrap_fn",
         "sglang.srt.plugins.hook_registry:_propagate_patch",
+    ),
+    # input_guard's route wraps (issue 50), checked when it wraps them (the launcher's tokenizer
+    # manager is built once the HTTP module is loaded; input_guard installs while it imports):
+    # drift leaves the routes unwrapped with a fallback line
+    "input_guard.routes": (
+        f"{_HTTP}:app", f"{_HTTP}:vertex_generate", f"{_HTTP}:launch_server",
+        f"{_HTTP}:_setup_and_run_http_server",
+        # the parse routes run their parser on the HTTP event loop: text bounded before it runs
+        f"{_HTTP}:parse_function_call_request", f"{_HTTP}:separate_reasoning_request",
+        "fastapi.routing:APIRoute.dependant", "fastapi.routing:run_endpoint_function",
     ),
     "metrics": (
         f"{_RC}:publish", f"{_RC}:publish_role", f"{_RC}:get_context", f"{_RC}:get_observability",

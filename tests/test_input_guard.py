@@ -189,9 +189,10 @@ def test_the_receipt_names_every_guarded_field(install_adapters):
                      "TokenizerManager.generate_request", "TokenizerManager._init_req_state",
                      "TokenizerManager.create_abort_task", "Scheduler.abort_request",
                      "XGrammarGrammar.accept_token", "XGrammarGrammar.fill_vocab_mask",
-                     "Scheduler.process_batch_result", "BaseGrammarBackend.set_cache",
-                     "XGrammarGrammarBackend.__init__", "OllamaServing._convert_options_to_sampling_params", "OllamaServing.handle_chat",
-                     "OllamaServing.handle_generate", "_setup_and_run_http_server"]
+                     "Scheduler.process_batch_result",
+                     "XGrammarGrammarBackend.__init__", "OllamaServing._convert_options_to_sampling_params",
+                     "OllamaServing._generate_chat_response",
+                     "OllamaServing._generate_generate_response", "TokenizerManager.__init__"]
     for field in input_guard.FIELDS:
         assert field.name in receipt, field.name
     assert "stop_regex runs on RE2" in receipt and "aborts match rids exactly" in receipt

@@ -284,22 +284,30 @@ def _run(tasks):
 
 # --- the grammar caches (the scheduler's): bounded, a timeout never cached as the verdict ---------
 
-def test_a_compile_timeout_is_not_cached_and_the_cache_keeps_its_bound(install_adapters, caplog):
+def _xgrammar_backend(dense_model):
+    from transformers import AutoTokenizer
+
+    from sglang.srt.constrained.xgrammar_backend import XGrammarGrammarBackend
+
+    return XGrammarGrammarBackend(AutoTokenizer.from_pretrained(str(dense_model)), vocab_size=VOCAB)
+
+
+def test_a_compile_timeout_is_not_cached_and_the_cache_keeps_its_bound(install_adapters, dense_model,  # noqa: F811
+                                                                       caplog):
     """The engine cached a compilation that ran past its timeout (the pool busy with another
     client's schemas) as an invalid grammar: that schema was refused for every client until a
     restart. The cache itself grew without bound (~1.4 MB a regex here)."""
     assert install_adapters({**KEYS, "DSV41_INPUT_GUARD_GRAMMAR_CACHE": "3"})["input_guard"].status == "installed"
-    from sglang.srt.constrained.base_grammar_backend import BaseGrammarBackend, InvalidGrammarObject
+    from sglang.srt.constrained.base_grammar_backend import InvalidGrammarObject
 
-    backend = BaseGrammarBackend()
+    backend = _xgrammar_backend(dense_model)
     try:
         backend.set_cache(("json", "{}"), InvalidGrammarObject("Grammar preprocessing timed out"))
         assert backend.cache == {}                          # compiled again next time
-        value, hit = backend.get_cached_or_future_value(("json", "{}"), False)
+        value, hit = backend.get_cached_or_future_value(("regex", "a+"), False)
         assert not hit                                      # a compile, not the cached verdict
-        value.cancel()
-        backend.set_cache(("json", "bad"), InvalidGrammarObject("Grammar compilation failed: x"))
-        assert ("json", "bad") in backend.cache              # a real verdict stays cached
+        backend.set_cache(("regex", "a+"), value.result(timeout=60))
+        assert backend.get_cached_or_future_value(("regex", "a+"), False)[1]    # a real one: cached
         for i in range(5):
             backend.set_cache(("regex", f"a{i}"), InvalidGrammarObject(f"r{i}"))
         assert list(backend.cache) == [("regex", "a2"), ("regex", "a3"), ("regex", "a4")]
@@ -310,12 +318,7 @@ def test_a_compile_timeout_is_not_cached_and_the_cache_keeps_its_bound(install_a
 
 def test_xgramars_compiler_cache_is_bounded(install_adapters, dense_model):  # noqa: F811
     assert install_adapters({**KEYS, "DSV41_INPUT_GUARD_GRAMMAR_CACHE_MB": "8"})["input_guard"].status == "installed"
-    from transformers import AutoTokenizer
-
-    from sglang.srt.constrained.xgrammar_backend import XGrammarGrammarBackend
-
-    tok = AutoTokenizer.from_pretrained(str(dense_model))
-    backend = XGrammarGrammarBackend(tok, vocab_size=VOCAB)
+    backend = _xgrammar_backend(dense_model)
     try:
         assert backend.grammar_compiler.cache_limit_bytes == 8 * 1024 * 1024
     finally:

@@ -18,6 +18,7 @@ from adapter.tp_group import all_reduce_max
 
 SB = "sglang.srt.managers.schedule_batch"
 HTTP = "sglang.srt.entrypoints.http_server"
+ROUTE_TOUCHES = "input_guard.routes"      # table.INFRA_TOUCHES: checked when the routes are wrapped
 # The status of a request the grammar step bound finished: a client's grammar, not a server fault.
 GRAMMAR_STATUS = 400
 XG = "sglang.srt.constrained.xgrammar_backend"
@@ -80,6 +81,11 @@ def note_step_time(grammar, began: float) -> None:
         grammar._dsv41_step_us = spent
 
 
+@functools.lru_cache(maxsize=1)
+def engine_fields_cached():
+    return engine_fields()
+
+
 @functools.lru_cache(maxsize=None)
 def _xgrammar_class():
     """The engine's XGrammarGrammar (looked up once: the check runs after every batch)."""
@@ -138,12 +144,16 @@ def chunked_prefill_size(tokenizer_manager) -> int | None:
 
 def install_check(ctx, guard: Guard) -> None:
     """The choke point: every tokenized request, checked before it leaves for the scheduler."""
-    kinds = declared_kinds()        # the engine's declared types of the guarded fields
+    # the engine's declared types of the guarded fields, read at the first call (install may run
+    # while the engine's modules are still importing one another)
+    kinds: dict = {}
 
     def create_tokenized_object(original, self, obj, *args, **kwargs):
         tokenized = original(self, obj, *args, **kwargs)     # the engine's errors propagate as is
         try:
             guard.counters["checked"] += 1
+            if not kinds:
+                kinds.update(declared_kinds())
             bad = check(tokenized, self.model_config.vocab_size, kinds, ctx.fallback, guard.limits,
                         guard.re2, chunked_prefill_size(self))
         except Exception as exc:  # noqa: BLE001 - fail closed: what we could not check is refused
@@ -334,6 +344,7 @@ def install_grammar_bound(ctx, guard: Guard) -> None:
         grammar call of each of the batch's grammar requests since the last batch, agreed (MAX)
         over the TP group; a request over the bound is marked on every rank alike, and its next
         accept_token finishes it through the engine's own grammar error path, answered 400."""
+        use_re2(guard)                           # before any stop_regex search of this batch
         marked = marked_reqs(batch)              # the engine drops a finished request's grammar
         out = original(self, batch, result)
         for req, grammar in marked:
@@ -408,7 +419,16 @@ def install_grammar_cache(ctx, guard: Guard) -> None:
         return out
 
     def backend_init(original, self, *args, **kwargs):
+        # the xgrammar backend's own: its set_cache (the base class's, which the grammar manager
+        # calls on this instance) bounded on the instance, its compiler rebuilt with a byte limit.
+        # (Not a row on the base class's module: it loads while io_struct is still importing, and
+        # a row there would import this group's other modules at that moment.)
         out = original(self, *args, **kwargs)
+        try:
+            base_set_cache = type(self).set_cache
+            self.set_cache = functools.partial(set_cache, base_set_cache, self)
+        except Exception as exc:  # noqa: BLE001 - the engine's cache stays, unbounded
+            ctx.fallback(f"the grammar cache left as the engine keeps it ({type(exc).__name__})")
         try:
             from xgrammar import GrammarCompiler
 
@@ -419,19 +439,23 @@ def install_grammar_cache(ctx, guard: Guard) -> None:
             ctx.fallback(f"xgrammar's compiler cache left unbounded ({type(exc).__name__}: {exc})")
         return out
 
-    ctx.around("BaseGrammarBackend.set_cache", set_cache)
     ctx.around("XGrammarGrammarBackend.__init__", backend_init)
 
 
-def install_stop_regex(ctx, guard: Guard) -> None:
-    """The scheduler's per-step stop_regex search runs on RE2 (schedule_batch's `re`)."""
-    if guard.re2 is None:
-        return
-    import re
+def use_re2(guard: Guard) -> None:
+    """schedule_batch's `re` replaced by Re2Search (once the engine has imported that module)."""
+    schedule_batch = sys.modules.get(SB)
+    if guard.re2 is not None and schedule_batch is not None and not isinstance(schedule_batch.re, Re2Search):
+        import re
 
-    schedule_batch = importlib.import_module(SB)
-    if not isinstance(schedule_batch.re, Re2Search):
         schedule_batch.re = Re2Search(re)
+
+
+def install_stop_regex(ctx, guard: Guard) -> None:
+    """The scheduler's per-step stop_regex search runs on RE2 (schedule_batch's `re`): now when the
+    engine has imported schedule_batch, else before the scheduler's first batch result (install
+    may run while the engine's modules are still importing one another)."""
+    use_re2(guard)
 
 
 def engine_fields() -> tuple[frozenset, frozenset]:
@@ -452,18 +476,20 @@ def install_ollama(ctx, guard: Guard) -> None:
     """The Ollama routes: `options.seed` reaches the engine's own field (`sampling_seed`), a value
     its SamplingParams cannot compare is a 400 naming the option, and the engine's ValueError for
     a client's value (its convention: every other route answers it 400) is a 400 here too."""
-    _, sampling = engine_fields()
-    maps_seed = "sampling_seed" in sampling
-    if not maps_seed:
+    def maps_seed() -> bool:            # read at the first call, not at install (import order)
+        _, sampling = engine_fields_cached()
+        if "sampling_seed" in sampling:
+            return True
         ctx.fallback("Ollama options.seed not mapped: this engine's SamplingParams has no "
                      "sampling_seed; the engine's Ollama mapping is left as it is")
+        return False
 
     def convert_options(original, self, options=None):
         bad = check_ollama_options(options)
         if bad is not None:
             guard.reject(*bad)
         out = original(self, options)
-        if maps_seed and isinstance(out, dict) and "seed" in out and "sampling_seed" not in out:
+        if isinstance(out, dict) and "seed" in out and "sampling_seed" not in out and maps_seed():
             out["sampling_seed"] = out.pop("seed")
             args = getattr(self.tokenizer_manager, "server_args", None)
             honoured = bool(getattr(args, "enable_deterministic_inference", False))
@@ -483,27 +509,31 @@ def install_ollama(ctx, guard: Guard) -> None:
                    "400 (as its other routes do): %s; further ones are counted, not logged", exc)
         raise guard.rejected(str(exc)) from exc
 
-    async def handle_chat(original, self, request, raw_request):
+    async def generate_response(original, self, gen_request, raw_request, model_name):
+        # only the tokenizer manager's call and the answer built of it: a ValueError here is the
+        # engine naming a client's value (the chat template's own errors, before, stay as they are)
         try:
-            return await original(self, request, raw_request)
-        except ValueError as exc:   # the tokenizer manager's way of naming a client's value
-            answer_400(exc)
-
-    async def handle_generate(original, self, request, raw_request):
-        try:
-            return await original(self, request, raw_request)
+            return await original(self, gen_request, raw_request, model_name)
         except ValueError as exc:
             answer_400(exc)
 
     ctx.around("OllamaServing._convert_options_to_sampling_params", convert_options)
-    ctx.around("OllamaServing.handle_chat", handle_chat)
-    ctx.around("OllamaServing.handle_generate", handle_generate)
+    ctx.around("OllamaServing._generate_chat_response", generate_response)
+    ctx.around("OllamaServing._generate_generate_response", generate_response)
 
 
 def guard_routes(app, guard: Guard, fallback) -> list[str]:
     """Wrap the endpoints of the app's routes whose handler builds a request the engine cannot
     (`/vertex_generate`: `GenerateReqInput(**parameters)`) before the handler runs; the paths
-    wrapped. Called where the engine sets its app up (before uvicorn starts)."""
+    wrapped. Called once the HTTP module is loaded, before uvicorn serves; the module's internals
+    it touches are checked against their pins here (adapter/table.py INFRA_TOUCHES)."""
+    from adapter import pins
+
+    drift = pins.drifted_touches(ROUTE_TOUCHES)
+    if drift:
+        fallback(f"route checks not added: {drift[0]} drifted from its pin; /vertex_generate and "
+                 "the parse routes answer as the engine does")
+        return []
     http = sys.modules[HTTP]
     request_fields, sampling_fields = engine_fields()
     wrapped = []
@@ -513,7 +543,7 @@ def guard_routes(app, guard: Guard, fallback) -> list[str]:
             message = check_vertex(vertex_req.instances, vertex_req.parameters, request_fields,
                                    sampling_fields)
             if message is not None:
-                guard.reject("vertex", message)
+                INSTALLED.get("guard", guard).reject("vertex", message)
             return await original(vertex_req=vertex_req, raw_request=raw_request)
 
         guarded._dsv41_guarded = True
@@ -522,9 +552,10 @@ def guard_routes(app, guard: Guard, fallback) -> list[str]:
 
     def parse_route(original, path):
         async def guarded(obj, request):
-            message = check_parse_size(getattr(obj, "text", None), path, guard.limits)
+            current = INSTALLED.get("guard", guard)      # this process's latest install
+            message = check_parse_size(getattr(obj, "text", None), path, current.limits)
             if message is not None:
-                guard.reject("parse_chars", message)
+                current.reject("parse_chars", message)
             return await original(obj=obj, request=request)
 
         guarded._dsv41_guarded = True
@@ -548,19 +579,26 @@ def guard_routes(app, guard: Guard, fallback) -> list[str]:
 
 
 def install_routes(ctx, guard: Guard) -> None:
-    """Where the engine sets its HTTP app up (before uvicorn starts): the route wraps."""
-    def setup_and_run_http_server(original, *args, **kwargs):
+    """The route wraps, where the launcher builds its tokenizer manager: after the engine's HTTP
+    module (and its app) exists, before uvicorn serves. (Not a row on the app's setup function:
+    admin_guard's row there would make one install group of both adapters, whose modules the
+    installer imports together, the HTTP server's in the scheduler too.)"""
+    def tokenizer_manager_init(original, self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        http = sys.modules.get(HTTP)
+        if http is None:        # an Engine without the HTTP server: no route to wrap
+            return out
         try:
-            paths = guard_routes(sys.modules[HTTP].app, guard, ctx.fallback)
+            paths = guard_routes(http.app, guard, ctx.fallback)
             if paths:
                 receipts.line(NAME, "checks the bodies of %s before their handlers build a request",
                               ", ".join(paths))
         except Exception as exc:  # noqa: BLE001 - never stop the server from starting
             ctx.fallback(f"the route checks could not be added ({type(exc).__name__}: {exc}); "
                          "those routes answer as the engine does")
-        return original(*args, **kwargs)
+        return out
 
-    ctx.around("_setup_and_run_http_server", setup_and_run_http_server)
+    ctx.around("TokenizerManager.__init__", tokenizer_manager_init)
 
 
 # In this order (the order of their wraps in the installer's registry).
@@ -585,6 +623,14 @@ def install(ctx) -> str:
     for part in PARTS:
         part(ctx, guard)
     limits, re2 = guard.limits, guard.re2
+    receipts.line(NAME, "bounds what a request costs others before its check (issue 50): samples "
+                  "(prompts x n) <= %d per request, text <= %d characters before tokenizing, "
+                  "/parse_function_call and /separate_reasoning text <= %d characters; a refused "
+                  "request's abort takes nothing of another's; grammar caches <= %d entries and "
+                  "%d MB (xgrammar), a compile timeout never cached; a grammar over the step "
+                  "bound answers 400; Ollama options.seed -> sampling_seed; /vertex_generate "
+                  "bodies checked before its handler", limits.n, limits.text_chars,
+                  limits.parse_chars, limits.grammar_cache, limits.grammar_cache_mb)
     return (f"{KEY}=1: every request's tokenized fields are checked in the tokenizer manager before "
             "the scheduler (prompt ids, logprob_start_len, top_logprobs_num, lora_id, "
             "positional_embed_overrides, stop_token_ids; each sampling number against its tensor's "
