@@ -273,7 +273,8 @@ HOOKS: tuple[Hook, ...] = (
         # issue 50: samples bounded over the whole request (prompts x n), text before tokenizing
         f"{_IO}:GenerateReqInput.text", f"{_IO}:GenerateReqInput.input_ids",
         f"{_IO}:GenerateReqInput.input_embeds", f"{_IO}:GenerateReqInput._normalize_batch_inputs",
-        f"{_TM}:TokenizerManager._tokenize_one_request")),
+        f"{_TM}:TokenizerManager._tokenize_one_request",
+        f"{_IO}:EmbeddingReqInput.normalize_batch_and_arguments", f"{_IO}:GenerateReqInput.image_data")),
     # input_guard: an abort of a refused request never reaches another request (issue 50): the
     # stream's abort task aborts only the states its own request registered.
     Hook("input_guard", _TM, "TokenizerManager._init_req_state", touches=(
@@ -338,6 +339,9 @@ HOOKS: tuple[Hook, ...] = (
         f"{_TM}:TokenizerManager._handle_abort_finish_reason", f"{_OLLAMA}:OllamaServing.handle_chat")),
     Hook("input_guard", _OLLAMA, "OllamaServing._generate_generate_response", touches=(
         f"{_OLLAMA}:OllamaServing.handle_generate",)),
+    Hook("input_guard", _OLLAMA, "OllamaServing._stream_chat_response", touches=(
+        "starlette.responses:StreamingResponse.__init__",)),
+    Hook("input_guard", _OLLAMA, "OllamaServing._stream_generate_response"),
     # input_guard: once the launcher builds its tokenizer manager (the HTTP module and its app
     # exist, uvicorn not yet serving), the routes whose handler builds a request of the body
     # itself (/vertex_generate: GenerateReqInput(**parameters), a TypeError 500 for a name it does

@@ -192,7 +192,9 @@ def test_the_receipt_names_every_guarded_field(install_adapters):
                      "Scheduler.process_batch_result",
                      "XGrammarGrammarBackend.__init__", "OllamaServing._convert_options_to_sampling_params",
                      "OllamaServing._generate_chat_response",
-                     "OllamaServing._generate_generate_response", "TokenizerManager.__init__"]
+                     "OllamaServing._generate_generate_response",
+                     "OllamaServing._stream_chat_response", "OllamaServing._stream_generate_response",
+                     "TokenizerManager.__init__"]
     for field in input_guard.FIELDS:
         assert field.name in receipt, field.name
     assert "stop_regex runs on RE2" in receipt and "aborts match rids exactly" in receipt

@@ -323,3 +323,32 @@ def test_xgramars_compiler_cache_is_bounded(install_adapters, dense_model):  # n
         assert backend.grammar_compiler.cache_limit_bytes == 8 * 1024 * 1024
     finally:
         backend.executor.shutdown(wait=False)
+
+
+# --- found by the fuzz (issue 50): an Ollama stream's client mistake, an empty prompt list ---------
+
+@pytest.mark.parametrize("path", ["/api/generate", "/api/chat"])
+def test_an_ollama_streams_client_mistake_is_400_not_a_cut_stream(client, path):
+    """A stream's status goes out with its first chunk: the engine's ValueError (top_k 0 with
+    temperature > 0) cut the stream after a 200 (the fuzz: no answer, ChunkedEncodingError)."""
+    client, sent = client
+    body = _ollama(path, top_k=0, temperature=1.0)
+    body["stream"] = True
+    resp = client.post(path, json=body)
+    assert resp.status_code == 400, resp.text
+    assert "top_k must be -1 (disable) or at least 1, got 0" in resp.text
+    assert sent == []
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/classify", {"input_ids": [], "text": None}),
+    ("/encode", {"input_ids": []}),
+    ("/generate", {"input_ids": [], "sampling_params": {"max_new_tokens": 1}}),
+    ("/generate", {"input_ids": [[5, 6], []], "sampling_params": {"max_new_tokens": 1}}),
+])
+def test_an_empty_prompt_list_is_400(client, path, body):
+    """`/classify {"input_ids": []}`: the engine's normalisation indexed it (IndexError, a 500)."""
+    client, sent = client
+    resp = client.post(path, json=body)
+    assert resp.status_code == 400, resp.text
+    assert "has no prompt token" in resp.text and sent == []

@@ -12,7 +12,7 @@ import time
 from adapter import receipts
 from adapter.input_guard.rules import (
     FIELDS, KEY, LIMIT_KEYS, NAME, SESSIONS_OFF, Limits, Re2Search, Unchecked, check,
-    check_ollama_options, check_parse_size, check_samples, check_text_size, check_vertex, kind_of,
+    check_ollama_options, check_parse_size, check_prompt_present, check_samples, check_text_size, check_vertex, kind_of,
     re2_module)
 from adapter.tp_group import all_reduce_max
 
@@ -189,6 +189,9 @@ def install_way_in(ctx, guard: Guard) -> None:
     limits = guard.limits
 
     def generate_request(original, self, obj, *args, **kwargs):
+        message = check_prompt_present(obj)
+        if message is not None:
+            guard.reject("input_ids", message)
         message = check_samples(obj, limits)
         if message is not None:
             guard.reject("n", message)
@@ -518,8 +521,34 @@ def install_ollama(ctx, guard: Guard) -> None:
             answer_400(exc)
 
     ctx.around("OllamaServing._convert_options_to_sampling_params", convert_options)
+    async def stream_response(original, self, gen_request, raw_request, model_name):
+        # a stream's status goes out with its first chunk: the first chunk is awaited here, so the
+        # tokenizer manager's ValueError (raised before any output) is answered 400, not a stream
+        # cut after a 200
+        response = await original(self, gen_request, raw_request, model_name)
+        chunks = getattr(response, "body_iterator", None)
+        if chunks is None:
+            return response
+        try:
+            first = await chunks.__anext__()
+        except StopAsyncIteration:
+            first = None
+        except ValueError as exc:
+            answer_400(exc)
+
+        async def replay():
+            if first is not None:
+                yield first
+                async for chunk in chunks:
+                    yield chunk
+
+        response.body_iterator = replay()
+        return response
+
     ctx.around("OllamaServing._generate_chat_response", generate_response)
     ctx.around("OllamaServing._generate_generate_response", generate_response)
+    ctx.around("OllamaServing._stream_chat_response", stream_response)
+    ctx.around("OllamaServing._stream_generate_response", stream_response)
 
 
 def guard_routes(app, guard: Guard, fallback) -> list[str]:

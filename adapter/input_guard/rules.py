@@ -788,3 +788,22 @@ def check_parse_size(text, route: str, limits: Limits):
     return (f"text has {len(text):,} characters, over this line's limit of {limits.parse_chars:,} "
             f"for {route} ({LIMIT_KEYS['parse_chars']}): the parser runs on the HTTP event loop, "
             "where every other client waits")
+
+
+def check_prompt_present(obj):
+    """A message when a request carries an empty prompt list the engine's normalisation indexes
+    (`input_ids[0]`: IndexError, a 500 on /classify and /encode), else None."""
+    ids, text = getattr(obj, "input_ids", None), getattr(obj, "text", None)
+    if getattr(obj, "input_embeds", None) is not None or getattr(obj, "image_data", None):
+        return None
+    if text is None and isinstance(ids, list):
+        if not ids:
+            return ("input_ids = [] has no prompt token: this engine expects at least one token "
+                    "id per prompt (or a text)")
+        empty = next((i for i, x in enumerate(ids) if isinstance(x, list) and not x), None)
+        if empty is not None:
+            return (f"input_ids[{empty}] = [] has no prompt token: this engine expects at least "
+                    "one token id per prompt")
+    if ids is None and isinstance(text, list) and not text:
+        return "text = [] has no prompt: this engine expects at least one prompt"
+    return None
