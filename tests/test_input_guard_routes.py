@@ -342,6 +342,7 @@ def test_an_ollama_streams_client_mistake_is_400_not_a_cut_stream(client, path):
 
 @pytest.mark.parametrize("path, body", [
     ("/classify", {"input_ids": [], "text": None}),
+    ("/classify", {"input_ids": [], "input_embeds": [[[0.5, 0.5]]]}),      # the fuzz's second body
     ("/encode", {"input_ids": []}),
     ("/generate", {"input_ids": [], "sampling_params": {"max_new_tokens": 1}}),
     ("/generate", {"input_ids": [[5, 6], []], "sampling_params": {"max_new_tokens": 1}}),

@@ -794,12 +794,12 @@ def check_prompt_present(obj):
     """A message when a request carries an empty prompt list the engine's normalisation indexes
     (`input_ids[0]`: IndexError, a 500 on /classify and /encode), else None."""
     ids, text = getattr(obj, "input_ids", None), getattr(obj, "text", None)
+    if text is None and isinstance(ids, list) and not ids:     # indexed whatever else is sent
+        return ("input_ids = [] has no prompt token: this engine expects at least one token id "
+                "per prompt (or a text)")
     if getattr(obj, "input_embeds", None) is not None or getattr(obj, "image_data", None):
         return None
     if text is None and isinstance(ids, list):
-        if not ids:
-            return ("input_ids = [] has no prompt token: this engine expects at least one token "
-                    "id per prompt (or a text)")
         empty = next((i for i, x in enumerate(ids) if isinstance(x, list) and not x), None)
         if empty is not None:
             return (f"input_ids[{empty}] = [] has no prompt token: this engine expects at least "
