@@ -353,3 +353,17 @@ def test_an_empty_prompt_list_is_400(client, path, body):
     resp = client.post(path, json=body)
     assert resp.status_code == 400, resp.text
     assert "has no prompt token" in resp.text and sent == []
+
+
+@pytest.mark.parametrize("path, body, text", [
+    # found by the fuzz: the engine's embedding normalisation asserts / indexes these (500s)
+    ("/v1/embeddings", {"model": "m", "input": ["a", "b"], "rid": "one"}, "rid = 'one' is str on a batch of 2 prompts"),
+    ("/v1/classify", {"model": "m", "input": ["a", "b", "c"], "rid": "x"}, "rid = 'x' is str on a batch of 3"),
+    ("/encode", {"text": "a", "sampling_params": [{}, {}]}, "sampling_params = [{}, {}] is a list on a single prompt"),
+    ("/encode", {"text": ["a", "b"], "sampling_params": [{}]}, "sampling_params has 1 entries for 2 prompts"),
+])
+def test_embedding_shapes_the_normalisation_cannot_take_are_400(client, path, body, text):
+    client, sent = client
+    resp = client.post(path, json=body)
+    assert resp.status_code == 400, resp.text
+    assert text in resp.text and sent == []

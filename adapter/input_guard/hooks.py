@@ -12,7 +12,8 @@ import time
 from adapter import receipts
 from adapter.input_guard.rules import (
     FIELDS, KEY, LIMIT_KEYS, NAME, SESSIONS_OFF, Limits, Re2Search, Unchecked, check,
-    check_ollama_options, check_parse_size, check_prompt_present, check_samples, check_text_size, check_vertex, kind_of,
+    check_embedding_batch, check_ollama_options, check_parse_size, check_prompt_present,
+    check_samples, check_text_size, check_vertex, kind_of,
     re2_module)
 from adapter.tp_group import all_reduce_max
 
@@ -192,6 +193,10 @@ def install_way_in(ctx, guard: Guard) -> None:
         message = check_prompt_present(obj)
         if message is not None:
             guard.reject("input_ids", message)
+        if type(obj).__name__ == "EmbeddingReqInput":
+            message = check_embedding_batch(obj)
+            if message is not None:
+                guard.reject("sampling_params" if message.startswith("sampling") else "rid", message)
         message = check_samples(obj, limits)
         if message is not None:
             guard.reject("n", message)

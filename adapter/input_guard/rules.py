@@ -128,7 +128,7 @@ class Limits:
 REASONS = ("input_ids", *(f.name for f in FIELDS), *(n.name for n in SAMPLING_NUMBERS),
            "logit_bias", "stop", "stop_regex", "grammar", "sessions", "rid",
            *PROMPT_INDEX_FIELDS, "logprob_entries", "sampling_seed", "options", "vertex",
-           "engine_value_error", "text_chars", "parse_chars",
+           "engine_value_error", "text_chars", "parse_chars", "sampling_params",
            "unchecked")
 
 # Counter keys in receipts.counters["input_guard"] (series: adapter/metrics.py KEYS).
@@ -806,4 +806,27 @@ def check_prompt_present(obj):
                     "one token id per prompt")
     if ids is None and isinstance(text, list) and not text:
         return "text = [] has no prompt: this engine expects at least one prompt"
+    return None
+
+
+def check_embedding_batch(obj):
+    """A message for an embedding request's shape the engine's normalisation cannot take
+    (`EmbeddingReqInput.normalize_batch_and_arguments`: a single prompt's sampling params must be
+    an object it sets max_new_tokens 0 in; a batch's rid a list (an assert), its sampling params one
+    object per prompt), else None."""
+    prompts = _prompts(obj)
+    text, ids = getattr(obj, "text", None), getattr(obj, "input_ids", None)
+    batch = isinstance(text, list) or (isinstance(ids, list) and ids and isinstance(ids[0], list))
+    sp, rid = getattr(obj, "sampling_params", None), getattr(obj, "rid", None)
+    if not batch:
+        if sp is not None and not isinstance(sp, dict):
+            return (f"sampling_params = {_short(sp)} is {_shape(sp)} on a single prompt: this engine "
+                    "expects one object (a list only in the batch form, one per prompt)")
+        return None
+    if rid is not None and not isinstance(rid, list):
+        return (f"rid = {_short(rid)} is {_shape(rid)} on a batch of {prompts} prompts: this engine "
+                "expects a list of rids, one per prompt")
+    if isinstance(sp, list) and (len(sp) < prompts or not all(isinstance(x, dict) for x in sp)):
+        return (f"sampling_params has {len(sp)} entries for {prompts} prompts: this engine expects "
+                "one object per prompt (or one object for all)")
     return None
