@@ -121,8 +121,17 @@ MODULES: dict[str, dict] = {
             "adapter.input_guard.rules:_prompt_len", "adapter.input_guard.rules:check_prompt_indices",
             "adapter.input_guard.rules:check_logprob_cost", "adapter.input_guard.rules:check",
             "adapter.input_guard.rules:Limits.from_ctx",
+            # issue 50
+            "adapter.input_guard.rules:check_pooling", "adapter.input_guard.rules:check_samples",
+            "adapter.input_guard.rules:check_text_size", "adapter.input_guard.rules:check_parse_size",
+            "adapter.input_guard.rules:check_sampling_value",
+            "adapter.input_guard.rules:check_sampling_params",
+            "adapter.input_guard.rules:check_ollama_options", "adapter.input_guard.rules:check_vertex",
+            "adapter.input_guard.rules:check_prompt_present",
+            "adapter.input_guard.rules:check_embedding_batch",
         ],
-        "tests": ["tests/test_input_guard.py", "tests/test_input_guard_mutants.py"],
+        "tests": ["tests/test_input_guard.py", "tests/test_input_guard_mutants.py",
+                  "tests/test_input_guard_routes.py"],
         # tests/test_input_guard.py reads the field tables (docs/input_guard_fields*.json) and
         # their generator (bench/input_guard_fields.py) next to its own file's parent
         "copy": ["bench", "docs"],
