@@ -83,8 +83,9 @@ KEYS: tuple[Key, ...] = (
             "scheduler; stop_regex runs on RE2, grammar steps are time-bounded, aborts match "
             "rids exactly"),
     Key("DSV41_INPUT_GUARD_MAX_N", "int", "input_guard", default=128, lo=1, hi=1_000_000,
-        doc="input_guard: the most parallel samples (sampling_params.n) one request may ask for; "
-            "more gets HTTP 400 naming this key (OpenAI's own API caps n at 128)"),
+        doc="input_guard: the most samples one request may ask for, all its prompts together "
+            "(prompts x sampling_params.n); more gets HTTP 400 naming this key (OpenAI's own API "
+            "caps n at 128)"),
     Key("DSV41_INPUT_GUARD_MAX_LOGPROB_ENTRIES", "int", "input_guard", default=1_000_000, lo=1,
         hi=10**12, doc="input_guard: the most prompt log-prob entries one request may ask for "
                        "((top_logprobs_num + len(token_ids_logprob)) x prompt positions from "
@@ -96,6 +97,22 @@ KEYS: tuple[Key, ...] = (
         doc="input_guard: a constrained-decoding request whose grammar takes longer than this in "
             "one decode step (xgrammar mask or accept) is finished with that reason; the batch "
             "goes on"),
+    Key("DSV41_INPUT_GUARD_MAX_TEXT_CHARS", "int", "input_guard", default=1_000_000, lo=1,
+        hi=10**10, doc="input_guard: the most prompt text characters one request may send (all its "
+                       "prompts); the tokenizer manager tokenizes text on the HTTP event loop, so "
+                       "more gets HTTP 400 naming this key before any tokenizing (send input_ids)"),
+    Key("DSV41_INPUT_GUARD_MAX_PARSE_CHARS", "int", "input_guard", default=32_768, lo=1,
+        hi=10**9, doc="input_guard: the most text characters /parse_function_call and "
+                      "/separate_reasoning parse on the HTTP event loop; more gets HTTP 400 "
+                      "naming this key before the parser runs"),
+    Key("DSV41_INPUT_GUARD_GRAMMAR_CACHE", "int", "input_guard", default=128, lo=1, hi=10**6,
+        doc="input_guard: the most compiled grammars the scheduler's grammar cache keeps (the "
+            "oldest go first); xgrammar's own compiler cache is bounded by "
+            "DSV41_INPUT_GUARD_GRAMMAR_CACHE_MB; a grammar compilation that timed out is never "
+            "cached as the grammar's verdict"),
+    Key("DSV41_INPUT_GUARD_GRAMMAR_CACHE_MB", "int", "input_guard", default=256, lo=1, hi=10**6,
+        doc="input_guard: the most memory xgrammar's compiler cache keeps, in MB (the engine "
+            "builds it unbounded)"),
     Key("DSV41_ADMIN_GUARD", "flag", "admin_guard", enables=True, default=0,
         doc="the engine's admin routes (ADMIN_OPTIONAL) answer HTTP 403 naming --admin-api-key "
             "unless that key is configured"),

@@ -58,6 +58,7 @@ _SERVING = "sglang.srt.arg_groups.fields.serving"
 _PS = "sglang.srt.distributed.parallel_state"
 _SP = "sglang.srt.sampling.sampling_params"
 _XG = "sglang.srt.constrained.xgrammar_backend"
+_OLLAMA = "sglang.srt.entrypoints.ollama.serving"
 
 HOOKS: tuple[Hook, ...] = (
     # swan: SM12x sparse decode reads 256-token SWA pages in place (the SM12x decode entry;
@@ -249,7 +250,15 @@ HOOKS: tuple[Hook, ...] = (
         # the tensors those numbers end up in, and the scheduler's stop_regex search (RE2 there)
         "sglang.srt.sampling.sampling_batch_info:SamplingBatchInfo.from_schedule_batch",
         f"{_SB}:Req._check_str_based_finish", f"{_SB}:Req._locate_str_stop_finished_len",
-        f"{_SB}:Req.rid")),
+        f"{_SB}:Req.rid",
+        # pooling (issue 50): the line's chunk size, and the engine's path the rule follows: the
+        # scheduler's prefix limit, the forward batch's per-request tensors, the logits
+        # processor's indexing of the extend rows
+        f"{_TM}:TokenizerManager.server_args",
+        f"{_SB}:Req._compute_max_prefix_len", f"{_SB}:Req.is_prefill_only",
+        f"{_FB}:ForwardBatch.init_new",
+        "sglang.srt.layers.logits_processor:LogitsProcessor.compute_logprobs_at_positions",
+        "sglang.srt.layers.logits_processor:LogitsProcessor.forward")),
     # input_guard: sessions are off on the line (any client that knows a session id could use or
     # close it): opening and closing one is refused where the tokenizer manager would send it.
     # (the HTTP routes that call them, /open_session and /close_session, answer the refusal 400
@@ -260,7 +269,19 @@ HOOKS: tuple[Hook, ...] = (
     # the first thing generate_request does, expands the request n times): bounded on the way in.
     Hook("input_guard", _TM, "TokenizerManager.generate_request", touches=(
         f"{_IO}:GenerateReqInput.sampling_params", f"{_IO}:GenerateReqInput.normalize_batch_and_arguments",
-        f"{_IO}:GenerateReqInput._handle_parallel_sampling")),
+        f"{_IO}:GenerateReqInput._handle_parallel_sampling",
+        # issue 50: samples bounded over the whole request (prompts x n), text before tokenizing
+        f"{_IO}:GenerateReqInput.text", f"{_IO}:GenerateReqInput.input_ids",
+        f"{_IO}:GenerateReqInput.input_embeds", f"{_IO}:GenerateReqInput._normalize_batch_inputs",
+        f"{_TM}:TokenizerManager._tokenize_one_request",
+        f"{_IO}:EmbeddingReqInput.normalize_batch_and_arguments", f"{_IO}:GenerateReqInput.image_data")),
+    # input_guard: an abort of a refused request never reaches another request (issue 50): the
+    # stream's abort task aborts only the states its own request registered.
+    Hook("input_guard", _TM, "TokenizerManager._init_req_state", touches=(
+        f"{_TM}:TokenizerManager.rid_to_state", f"{_IO}:GenerateReqInput.is_single",
+        f"{_IO}:GenerateReqInput.rid")),
+    Hook("input_guard", _TM, "TokenizerManager.create_abort_task", touches=(
+        f"{_TM}:TokenizerManager.abort_request",)),
     # input_guard: rids are exact. The scheduler's abort matches every queue by rid prefix; the
     # requests whose rid merely starts with the aborted one are hidden for its duration.
     Hook("input_guard", _SCHED, "Scheduler.abort_request", touches=(
@@ -290,7 +311,46 @@ HOOKS: tuple[Hook, ...] = (
         f"{_RC}:ParallelContext._read",    # how attn_cp_size / pp_size resolve (published widths)
         "sglang.srt.constrained.grammar_manager:GrammarManager.grammar_sync_group",
         f"{_SB}:ScheduleBatch.reqs", f"{_SB}:Req.grammar",
-        "sglang.srt.constrained.reasoner_grammar_backend:ReasonerGrammarObject.grammar")),
+        "sglang.srt.constrained.reasoner_grammar_backend:ReasonerGrammarObject.grammar",
+        # the request the bound finished is answered 400 (issue 50): the FINISH_ABORT the engine
+        # sets on its grammar error path, and how the tokenizer manager answers its status
+        f"{_SB}:FINISH_ABORT", f"{_SB}:Req.to_finish", f"{_SB}:Req.update_finish_state",
+        f"{_TM}:TokenizerManager._handle_abort_finish_reason")),
+    # input_guard: the grammar caches bounded, a compile timeout never cached as the grammar's
+    # verdict (issue 50): the engine caches every compile result in a dict without bound and
+    # builds xgrammar's compiler with an unbounded cache.
+    Hook("input_guard", _XG, "XGrammarGrammarBackend.__init__", touches=(
+        f"{_XG}:XGrammarGrammarBackend._tokenizer_info", f"{_XG}:XGrammarGrammarBackend.grammar_compiler",
+        f"{_XG}:XGrammarGrammarBackend.reset",
+        "sglang.srt.constrained.base_grammar_backend:BaseGrammarBackend.set_cache",
+        "sglang.srt.constrained.base_grammar_backend:BaseGrammarBackend.__init__",
+        "sglang.srt.constrained.base_grammar_backend:BaseGrammarBackend.get_cached_or_future_value",
+        "sglang.srt.constrained.base_grammar_backend:InvalidGrammarObject",
+        "sglang.srt.constrained.grammar_manager:GrammarManager.get_ready_grammar_requests")),
+    # input_guard: the Ollama routes (issue 50): options.seed to the engine's sampling_seed, an
+    # option of a type SamplingParams cannot compare is a 400, and the engine's ValueError for a
+    # client's value is a 400 as on its other routes (these routes catch nothing).
+    Hook("input_guard", _OLLAMA, "OllamaServing._convert_options_to_sampling_params", touches=(
+        f"{_OLLAMA}:OllamaServing.tokenizer_manager", f"{_SP}:SamplingParams.__init__",
+        f"{_SP}:SamplingParams.verify", f"{_SP}:SamplingParams.sampling_seed",
+        "sglang.srt.sampling.sampling_batch_info:SamplingBatchInfo.from_schedule_batch",
+        "sglang.srt.layers.sampler:Sampler.forward")),
+    Hook("input_guard", _OLLAMA, "OllamaServing._generate_chat_response", touches=(
+        f"{_TM}:TokenizerManager._handle_abort_finish_reason", f"{_OLLAMA}:OllamaServing.handle_chat")),
+    Hook("input_guard", _OLLAMA, "OllamaServing._generate_generate_response", touches=(
+        f"{_OLLAMA}:OllamaServing.handle_generate",)),
+    Hook("input_guard", _OLLAMA, "OllamaServing._stream_chat_response", touches=(
+        "starlette.responses:StreamingResponse.__init__",)),
+    Hook("input_guard", _OLLAMA, "OllamaServing._stream_generate_response"),
+    # input_guard: once the launcher builds its tokenizer manager (the HTTP module and its app
+    # exist, uvicorn not yet serving), the routes whose handler builds a request of the body
+    # itself (/vertex_generate: GenerateReqInput(**parameters), a TypeError 500 for a name it does
+    # not have) get the body checked first, and the parse routes their text bounded (issue 50).
+    # (the HTTP module's own internals it touches: INFRA_TOUCHES["input_guard.routes"], checked
+    # when the routes are wrapped: this row installs while the HTTP module is still importing)
+    Hook("input_guard", _TM, "TokenizerManager.__init__", touches=(
+        f"{_IO}:VertexGenerateReqInput", f"{_IO}:GenerateReqInput",
+        f"{_IO}:ParseFunctionCallReq", f"{_IO}:SeparateReasoningReqInput")),
     # admin_guard: where the engine adds its auth middleware (before uvicorn starts), add ours
     # when no admin key is configured: ADMIN_OPTIONAL routes get the engine's ADMIN_FORCE answer
     # (403) through the engine's own route match and decision; its post-warmup /freeze_gc passes.
@@ -326,6 +386,16 @@ INFRA_TOUCHES: dict[str, tuple[str, ...]] = {
         "sglang.srt.plugins.hook_registry:HookSource",
         "sglang.srt.plugins.hook_registry:_wrap_fn",
         "sglang.srt.plugins.hook_registry:_propagate_patch",
+    ),
+    # input_guard's route wraps (issue 50), checked when it wraps them (the launcher's tokenizer
+    # manager is built once the HTTP module is loaded; input_guard installs while it imports):
+    # drift leaves the routes unwrapped with a fallback line
+    "input_guard.routes": (
+        f"{_HTTP}:app", f"{_HTTP}:vertex_generate", f"{_HTTP}:launch_server",
+        f"{_HTTP}:_setup_and_run_http_server",
+        # the parse routes run their parser on the HTTP event loop: text bounded before it runs
+        f"{_HTTP}:parse_function_call_request", f"{_HTTP}:separate_reasoning_request",
+        "fastapi.routing:APIRoute.dependant", "fastapi.routing:run_endpoint_function",
     ),
     "metrics": (
         f"{_RC}:publish", f"{_RC}:publish_role", f"{_RC}:get_context", f"{_RC}:get_observability",

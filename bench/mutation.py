@@ -107,21 +107,31 @@ MODULES: dict[str, dict] = {
     "input_guard": {
         "what": "the input guard's checks (each field against the engine's type and range, the "
                 "sampling numbers, logit_bias, stops, grammar fields, prompt indices, log-prob cost)",
-        "files": ["adapter/input_guard.py"],
-        # Not in scope: install() and its closures (the tokenizer-manager hook, n at the way in,
-        # exact aborts, the grammar step bound), the RE2 stand-in, the messages' helpers.
+        "files": ["adapter/input_guard/rules.py"],
+        # Not in scope: the hooks (adapter/input_guard/hooks.py: install() and its parts, the
+        # tokenizer-manager hook, n at the way in, exact aborts, the grammar step bound), the RE2
+        # stand-in, the messages' helpers.
         "scope": [
-            "adapter.input_guard:first_out_of_range", "adapter.input_guard:kind_of",
-            "adapter.input_guard:_is_int", "adapter.input_guard:_bounds",
-            "adapter.input_guard:check_field", "adapter.input_guard:check_ids",
-            "adapter.input_guard:_is_real", "adapter.input_guard:check_number",
-            "adapter.input_guard:check_logit_bias", "adapter.input_guard:_strings",
-            "adapter.input_guard:check_stops", "adapter.input_guard:check_grammar_fields",
-            "adapter.input_guard:_prompt_len", "adapter.input_guard:check_prompt_indices",
-            "adapter.input_guard:check_logprob_cost", "adapter.input_guard:check",
-            "adapter.input_guard:Limits.from_ctx",
+            "adapter.input_guard.rules:first_out_of_range", "adapter.input_guard.rules:kind_of",
+            "adapter.input_guard.rules:_is_int", "adapter.input_guard.rules:_bounds",
+            "adapter.input_guard.rules:check_field", "adapter.input_guard.rules:check_ids",
+            "adapter.input_guard.rules:_is_real", "adapter.input_guard.rules:check_number",
+            "adapter.input_guard.rules:check_logit_bias", "adapter.input_guard.rules:_strings",
+            "adapter.input_guard.rules:check_stops", "adapter.input_guard.rules:check_grammar_fields",
+            "adapter.input_guard.rules:_prompt_len", "adapter.input_guard.rules:check_prompt_indices",
+            "adapter.input_guard.rules:check_logprob_cost", "adapter.input_guard.rules:check",
+            "adapter.input_guard.rules:Limits.from_ctx",
+            # issue 50
+            "adapter.input_guard.rules:check_pooling", "adapter.input_guard.rules:check_samples",
+            "adapter.input_guard.rules:check_text_size", "adapter.input_guard.rules:check_parse_size",
+            "adapter.input_guard.rules:check_sampling_value",
+            "adapter.input_guard.rules:check_sampling_params",
+            "adapter.input_guard.rules:check_ollama_options", "adapter.input_guard.rules:check_vertex",
+            "adapter.input_guard.rules:check_prompt_present",
+            "adapter.input_guard.rules:check_embedding_batch",
         ],
-        "tests": ["tests/test_input_guard.py", "tests/test_input_guard_mutants.py"],
+        "tests": ["tests/test_input_guard.py", "tests/test_input_guard_mutants.py",
+                  "tests/test_input_guard_routes.py"],
         # tests/test_input_guard.py reads the field tables (docs/input_guard_fields*.json) and
         # their generator (bench/input_guard_fields.py) next to its own file's parent
         "copy": ["bench", "docs"],

@@ -144,7 +144,7 @@ def test_a_failing_check_refuses_the_request_and_counts_it(manager, monkeypatch,
     def broken(*args, **kwargs):
         raise RuntimeError("planted")
 
-    monkeypatch.setattr(input_guard, "check", broken)
+    monkeypatch.setattr(input_guard.hooks, "check", broken)
     with pytest.raises(ValueError, match=r"input_guard could not check this request \(RuntimeError\); "
                                          "it is refused rather than sent to the scheduler unchecked"):
         _tokenize(manager, [5, 6])
@@ -186,9 +186,15 @@ def test_the_receipt_names_every_guarded_field(install_adapters):
     receipt = input_guard.install(ctx)
     assert hooks == ["TokenizerManager._create_tokenized_object", "TokenizerControlMixin.open_session",
                      "TokenizerControlMixin.close_session",
-                     "TokenizerManager.generate_request", "Scheduler.abort_request",
+                     "TokenizerManager.generate_request", "TokenizerManager._init_req_state",
+                     "TokenizerManager.create_abort_task", "Scheduler.abort_request",
                      "XGrammarGrammar.accept_token", "XGrammarGrammar.fill_vocab_mask",
-                     "Scheduler.process_batch_result"]
+                     "Scheduler.process_batch_result",
+                     "XGrammarGrammarBackend.__init__", "OllamaServing._convert_options_to_sampling_params",
+                     "OllamaServing._generate_chat_response",
+                     "OllamaServing._generate_generate_response",
+                     "OllamaServing._stream_chat_response", "OllamaServing._stream_generate_response",
+                     "TokenizerManager.__init__"]
     for field in input_guard.FIELDS:
         assert field.name in receipt, field.name
     assert "stop_regex runs on RE2" in receipt and "aborts match rids exactly" in receipt

@@ -436,8 +436,12 @@ def test_check_passes_its_fallback_on():
 
 def test_limits_from_the_lines_keys():
     values = {"DSV41_INPUT_GUARD_MAX_N": 2, "DSV41_INPUT_GUARD_MAX_LOGPROB_ENTRIES": 3,
-              "DSV41_INPUT_GUARD_MAX_STOP_CHARS": 4, "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS": 5}
-    assert ig.Limits.from_ctx(types.SimpleNamespace(value=values.__getitem__)) == ig.Limits(2, 3, 4, 5)
+              "DSV41_INPUT_GUARD_MAX_STOP_CHARS": 4, "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS": 5,
+              "DSV41_INPUT_GUARD_MAX_TEXT_CHARS": 6, "DSV41_INPUT_GUARD_MAX_PARSE_CHARS": 7,
+              "DSV41_INPUT_GUARD_GRAMMAR_CACHE": 8, "DSV41_INPUT_GUARD_GRAMMAR_CACHE_MB": 9}
+    assert ig.Limits.from_ctx(types.SimpleNamespace(value=values.__getitem__)) == ig.Limits(
+        2, 3, 4, 5, 6, 7, 8, 9)
     assert ig.Limits.from_ctx(types.SimpleNamespace()) == ig.Limits()
     assert ig.Limits() == ig.Limits(n=128, logprob_entries=1_000_000, stop_chars=4096,
-                                    grammar_step_ms=100)
+                                    grammar_step_ms=100, text_chars=1_000_000, parse_chars=32_768,
+                                    grammar_cache=128, grammar_cache_mb=256)

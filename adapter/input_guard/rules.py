@@ -1,68 +1,20 @@
-"""input_guard (`DSV41_INPUT_GUARD=1`): a request the stock scheduler would die on gets HTTP 400.
+"""input_guard's rules: what a request the engine would die on, hang on or spend on for everyone
+looks like, as pure checks on normalized values, and the bounds with their defaults.
 
-Built from the engine's code paths, not from the inputs that happened to fail. The tokenizer
-manager sends the scheduler one `TokenizedGenerateReqInput` per request (a msgspec struct, with a
-`SamplingParams` struct inside); the engine's HTTP schema accepts a list for many of its fields
-even on a single request (the batch form), and neither the schema nor the tokenizer manager checks
-most ranges. bench/input_guard_fields.py sends, for every field of both structs a client can set,
-the wrong values its declared type admits from JSON, to the real stock CPU server; the table in
-docs/input_guard.md lists every field, where the scheduler or the model uses it and what stock did
-(dies / 4xx / 200). This guard checks exactly the fields where stock died (`FIELDS` below), each
-against the type the engine declares for it (read from the engine's struct at install, so a list
-where the engine expects an int is a 400) and the range its users rely on:
-
-- prompt ids (`input_ids`, whichever way they came: `/generate` single and batched, token-id
-  prompts of `/v1/completions`, `/v1/chat/completions` `input_ids`, the tokenizer's output): each
-  in [0, vocab_size) - the embedding indexes with them (`IndexError`) - and at least one (a text
-  that tokenizes to nothing: the prefill of 0 tokens dies reshaping its logits; found by the
-  fuzz test);
-- `stop_token_ids` in [0, vocab_size): the min-new-tokens penalizer scatters every request's stop
-  ids of a batch into a vocabulary-sized row;
-- `top_logprobs_num` an int <= vocab_size: the batch's max k goes to `logprobs.topk`, and
-  `x > 0` on it decides whether top logprobs run (a list: `TypeError`; a negative k is "none",
-  which stock serves);
-- `logprob_start_len` an int >= -1 (-1: the engine's default): the scheduler compares it with the
-  prompt length (a list: `TypeError`) and the logprob processor asserts the range;
-- and the further rows of `FIELDS`, each with the scheduler's line that dies.
-
-With the key set, every tokenized request is checked in the tokenizer manager before it leaves for
-the scheduler. A bad request raises the engine's own ValueError, which its HTTP layers answer with
-400 (a streamed request gets the engine's error event), naming the field, the value and what the
-engine expects. Every other request goes on unchanged: nothing is written.
-
-Where: `TokenizerManager._create_tokenized_object`, which both the single and the batch path call
-right after the engine's `_validate_one_request` (after its length checks and truncation). The
-prompt ids are checked on the int64 array the engine has just built (`array("q", input_ids)`)
-through a zero-copy numpy view, in one vectorised pass (as unsigned, a negative id is huge, so one
-`max()` covers both ends). Checking the list in `_validate_one_request` would convert the list a
-second time: 25 ms for 1M ids here, 100x the check (bench/input_guard_cost.py).
-
-Fail closed: a guard against crashes must not pass what it could not check. When the check itself
-fails (an exception of ours, a value of a shape it does not know), the request gets a 400 that
-says so and is counted (`rejected:unchecked`). Not checked by design (fallback line once per
-reason, request passed unchanged): the prompt ids of multimodal requests (the processor's ids
-carry placeholder tokens) and of `input_embeds` requests (the model reads the embeddings; the
-scheduler makes up the ids); their other fields are checked. The engine's own exceptions from the
-wrapped call propagate unchanged. State on failure: the guard writes nothing, so a contained
-failure leaves the engine exactly as stock (the request is refused before it is sent).
-
-Receipts: `[dsv41] input_guard installed: ...`; the first rejection of each reason is logged
-(later ones are counted: `rejected:<reason>`, on `/metrics` as
-`dsv41_input_guard_rejected_total{reason}`); `checked` counts the requests checked.
+No engine import here (an import-linter contract in pyproject.toml keeps it so): the checks take
+the tokenized request (any object with the engine's field names), plain values and the bounds,
+and return a message naming the field, the value and what the engine accepts, or None. Where the
+engine calls them, and what the engine's types are at install, is adapter/input_guard/hooks.py.
+The measurements behind each row: docs/input_guard.md.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
-import time
 import typing
 from array import array
 
 import numpy as np
-
-from adapter import receipts
-from adapter.tp_group import all_reduce_max
 
 NAME = "input_guard"
 KEY = "DSV41_INPUT_GUARD"
@@ -140,7 +92,11 @@ SESSIONS_OFF = ("sessions are off on this line (dsv41 input_guard): the engine's
 LIMIT_KEYS = {"n": "DSV41_INPUT_GUARD_MAX_N",
               "logprob_entries": "DSV41_INPUT_GUARD_MAX_LOGPROB_ENTRIES",
               "stop": "DSV41_INPUT_GUARD_MAX_STOP_CHARS",
-              "grammar_step_ms": "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS"}
+              "grammar_step_ms": "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS",
+              "text_chars": "DSV41_INPUT_GUARD_MAX_TEXT_CHARS",
+              "parse_chars": "DSV41_INPUT_GUARD_MAX_PARSE_CHARS",
+              "grammar_cache": "DSV41_INPUT_GUARD_GRAMMAR_CACHE",
+              "grammar_cache_mb": "DSV41_INPUT_GUARD_GRAMMAR_CACHE_MB"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +106,10 @@ class Limits:
     logprob_entries: int = 1_000_000
     stop_chars: int = 4096
     grammar_step_ms: int = 100
+    text_chars: int = 1_000_000
+    parse_chars: int = 32_768
+    grammar_cache: int = 128
+    grammar_cache_mb: int = 256
 
     @classmethod
     def from_ctx(cls, ctx) -> "Limits":
@@ -158,12 +118,18 @@ class Limits:
             return cls()
         return cls(n=value(LIMIT_KEYS["n"]), logprob_entries=value(LIMIT_KEYS["logprob_entries"]),
                    stop_chars=value(LIMIT_KEYS["stop"]),
-                   grammar_step_ms=value(LIMIT_KEYS["grammar_step_ms"]))
+                   grammar_step_ms=value(LIMIT_KEYS["grammar_step_ms"]),
+                   text_chars=value(LIMIT_KEYS["text_chars"]),
+                   parse_chars=value(LIMIT_KEYS["parse_chars"]),
+                   grammar_cache=value(LIMIT_KEYS["grammar_cache"]),
+                   grammar_cache_mb=value(LIMIT_KEYS["grammar_cache_mb"]))
 
 
 REASONS = ("input_ids", *(f.name for f in FIELDS), *(n.name for n in SAMPLING_NUMBERS),
            "logit_bias", "stop", "stop_regex", "grammar", "sessions", "rid",
-           *PROMPT_INDEX_FIELDS, "logprob_entries", "unchecked")
+           *PROMPT_INDEX_FIELDS, "logprob_entries", "sampling_seed", "options", "vertex",
+           "engine_value_error", "text_chars", "parse_chars", "sampling_params",
+           "unchecked")
 
 # Counter keys in receipts.counters["input_guard"] (series: adapter/metrics.py KEYS).
 COUNTERS = {
@@ -177,27 +143,6 @@ MULTIMODAL = ("multimodal request: its ids carry the processor's placeholder tok
 EMBEDS = ("input_embeds request: the model reads the given embeddings and the scheduler makes up "
           "the ids; prompt ids not checked, request passed unchanged")
 
-
-def rejection_class():
-    """The exception a refused request raises: the engine's own ValueError (its routes answer it
-    with 400 naming the message), and an HTTP 400 too, for the routes that catch nothing (the
-    Ollama-compatible ones: the app's HTTPException handler answers it)."""
-    try:
-        from fastapi import HTTPException
-    except ImportError:         # no HTTP layer in this process: the engine's ValueError
-        return ValueError
-
-    class Rejected(ValueError, HTTPException):
-        def __init__(self, message: str):
-            HTTPException.__init__(self, status_code=400, detail=message)
-            ValueError.__init__(self, message)
-
-        def __str__(self):
-            return self.detail
-
-        __repr__ = ValueError.__repr__
-
-    return Rejected
 
 
 class Unchecked(Exception):
@@ -249,18 +194,6 @@ def kind_of(declared) -> tuple[str, bool]:
     if isinstance(declared, type) and typing.get_origin(declared) is None:
         return declared, optional       # an engine class: the value must be one of its instances
     raise Unchecked(f"engine type {declared!r}")
-
-
-def declared_kinds() -> dict:
-    """(struct, field) -> (kind, optional), from the engine's own struct declarations."""
-    import msgspec
-
-    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
-    from sglang.srt.sampling.sampling_params import SamplingParams
-
-    types_of = {"request": {f.name: f.type for f in msgspec.structs.fields(TokenizedGenerateReqInput)},
-                "sampling_params": {f.name: f.type for f in msgspec.structs.fields(SamplingParams)}}
-    return {(f.struct, f.name): kind_of(types_of[f.struct][f.name]) for f in FIELDS}
 
 
 def _is_int(v) -> bool:
@@ -497,6 +430,48 @@ def check_prompt_indices(tokenized, prompt_len):
     return None
 
 
+POOL = "token_indices_to_pool"
+
+
+def check_pooling(tokenized, prompt_len, chunk: int | None):
+    """(field, message) for a `token_indices_to_pool` the engine's pooling path cannot serve.
+
+    The path (read in the engine, each death measured on the stock CPU server, docs/input_guard.md):
+    the scheduler keeps the list on the request; only a prefill-only request (max_new_tokens 0)
+    reads it; the forward batch makes one tensor of it per request, and the logits processor
+    (`compute_logprobs_at_positions`) adds each request's offset in the batch's *extend* rows and
+    indexes the hidden states with it. So an index is a row of this prefill, not of the prompt:
+    - the rows start after the prefix the radix cache served: only `return_logprob` with
+      `logprob_start_len` 0 (the engine's own scoring shape, /v1/score) keeps the prefill whole
+      (any other: a cached prefix makes the rows fewer, IndexError, the scheduler dies);
+    - a prompt longer than the chunked-prefill size runs in chunks, each indexed with the whole
+      list (AssertionError / IndexError in the first chunk);
+    - an empty list: `torch.cat` of nothing when the batch holds no other pooled request;
+    - order and duplicates are served (one row each, in the order given)."""
+    value = getattr(tokenized, POOL, None)
+    if value is None or not hasattr(tokenized, "top_logprobs_num"):    # embedding: its own pooler
+        return None
+    max_new = getattr(tokenized.sampling_params, "max_new_tokens", None)
+    if max_new != 0:
+        return POOL, (f"{POOL} is read only on a prefill-only request (sampling_params."
+                      f"max_new_tokens 0); with max_new_tokens {_short(max_new)} this engine "
+                      "ignores it: send max_new_tokens 0 to pool, or leave it out to generate")
+    if isinstance(value, (list, tuple)) and not value:
+        return POOL, (f"{POOL} = [] has no position: this engine pools at least one position of "
+                      "the prompt per request")
+    if not getattr(tokenized, "return_logprob", False) or tokenized.logprob_start_len != 0:
+        return POOL, (f"{POOL} indexes the rows of this request's prefill, which start after any "
+                      "prefix the radix cache serves: this engine keeps the prefill whole only "
+                      "with return_logprob true and logprob_start_len 0 (its own scoring shape); "
+                      f"got return_logprob {_short(getattr(tokenized, 'return_logprob', None))}, "
+                      f"logprob_start_len {_short(tokenized.logprob_start_len)}")
+    if chunk is not None and chunk > 0 and prompt_len is not None and prompt_len > chunk:
+        return POOL, (f"{POOL} on a prompt of {prompt_len} tokens: this line prefills in chunks of "
+                      f"{chunk} tokens and the engine's pooling path indexes each chunk with the "
+                      f"whole list; pooled prompts must be at most {chunk} tokens")
+    return None
+
+
 def check_logprob_cost(tokenized, prompt_len, limits: Limits):
     if not getattr(tokenized, "return_logprob", False) or prompt_len is None:
         return None
@@ -515,9 +490,10 @@ def check_logprob_cost(tokenized, prompt_len, limits: Limits):
 
 
 def check(tokenized, vocab: int, kinds: dict, fallback=lambda reason: None, limits=Limits(),
-          re2=None):
+          re2=None, chunk: int | None = None):
     """(reason, message) when the tokenized request would kill, hang or slow the scheduler past
-    this line's bounds, else None. Raises Unchecked when a value has a shape the guard does not
+    this line's bounds, else None. `chunk`: the line's chunked-prefill size (pooled prompts fit in
+    one chunk). Raises Unchecked when a value has a shape the guard does not
     know (the caller refuses it)."""
     message = check_ids(tokenized, vocab, fallback)
     if message is not None:
@@ -556,7 +532,7 @@ def check(tokenized, vocab: int, kinds: dict, fallback=lambda reason: None, limi
     if message is not None:
         return "grammar", message
     prompt_len = _prompt_len(tokenized)
-    bad = check_prompt_indices(tokenized, prompt_len)
+    bad = check_prompt_indices(tokenized, prompt_len) or check_pooling(tokenized, prompt_len, chunk)
     if bad is not None:
         return bad
     if is_generate:
@@ -610,275 +586,247 @@ class Re2Search:
         return getattr(self._re, name)
 
 
-SB = "sglang.srt.managers.schedule_batch"
+# ---- the routes' own bodies, before the engine builds a request of them --------------------------
 
-# Every route of the engine's HTTP app (sglang.srt.entrypoints.http_server `app`, its included
-# routers walked), by what it sends the scheduler. tests/test_input_guard.py walks the real route
-# table: a route the engine adds fails it until it is classified here, and every REQUEST route is
-# driven through the real app and tokenizer manager to the dispatch, through the check.
-REQUEST = "request: builds a GenerateReqInput / EmbeddingReqInput -> TokenizerManager.generate_request -> _create_tokenized_object (the check)"
-SESSION = "session: refused by input_guard (sessions off)"
-ADMIN = "admin: closed by admin_guard"
-NO_REQUEST = "sends the scheduler no request a client shapes"
-ROUTES = {
-    "/generate": REQUEST, "/v1/completions": REQUEST, "/v1/chat/completions": REQUEST,
-    "/v1/messages": REQUEST, "/api/generate": REQUEST, "/api/chat": REQUEST,
-    "/vertex_generate": REQUEST, "/invocations": REQUEST, "/v1/responses": REQUEST,
-    "/v1/score": REQUEST, "/v1/decisions": REQUEST, "/v1/systemone": REQUEST,
-    "/encode": REQUEST, "/classify": REQUEST, "/v1/embeddings": REQUEST, "/v1/classify": REQUEST,
-    "/v1/rerank": REQUEST, "/v1/audio/transcriptions": REQUEST, "/v1/realtime": REQUEST,
-    "/health_generate": REQUEST + " (the engine's own fixed probe)",
-    "/health": REQUEST + " (the engine's own fixed probe)",
-    "/open_session": SESSION, "/close_session": SESSION,
-    # read-only or tokenizer-only: nothing reaches the scheduler, or only the engine's own queries
-    "/openapi.json": NO_REQUEST, "/docs": NO_REQUEST, "/docs/oauth2-redirect": NO_REQUEST,
-    "/redoc": NO_REQUEST, "/v1/loads": NO_REQUEST, "/ready": NO_REQUEST,
-    "/get_model_info": NO_REQUEST, "/model_info": NO_REQUEST,
-    "/get_server_info": NO_REQUEST + " (admin_guard redacts its keys)",
-    "/server_info": NO_REQUEST + " (admin_guard redacts its keys)",
-    "/get_hicache_l3_cache_layout": NO_REQUEST, "/parse_function_call": NO_REQUEST,
-    "/separate_reasoning": NO_REQUEST, "/tokenize": NO_REQUEST, "/v1/tokenize": NO_REQUEST,
-    "/detokenize": NO_REQUEST, "/v1/detokenize": NO_REQUEST, "/v1/models": NO_REQUEST,
-    "/v1/models/{model:path}": NO_REQUEST, "/v1/responses/{response_id}": NO_REQUEST,
-    "/v1/responses/{response_id}/cancel": NO_REQUEST + " (aborts that response's own rid)",
-    "/": NO_REQUEST, "/api/tags": NO_REQUEST, "/api/show": NO_REQUEST,
-    "/v1/messages/count_tokens": NO_REQUEST, "/ping": NO_REQUEST,
-}
+# The Ollama options the engine maps (entrypoints/ollama/serving.py `_convert_options_to_sampling_params`)
+# -> the engine's sampling field; `seed` goes to `sampling_seed` (input_guard maps it: the engine's
+# mapping names a field `seed` that SamplingParams does not have). Ollama's other documented options
+# (num_ctx, repeat_penalty, min_p, ...) are not mapped by the engine: ignored, as the engine does.
+OLLAMA_OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                  "num_predict": "max_new_tokens", "stop": "stop",
+                  "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+                  "seed": "sampling_seed"}
+INT64 = (-(2**63), 2**63 - 1)
+_NUMBERS = {n.name: n for n in SAMPLING_NUMBERS}
 
 
-def live_reqs(scheduler) -> list:
-    """Every request the scheduler's abort_request matches against, where it looks for them
-    (the chunked request, the waiting queue, the running / last batches, the grammar queue)."""
-    out, seen = [], set()
-    groups = ([scheduler.chunked_req], scheduler.waiting_queue, scheduler.collect_inflight_reqs(),
-              scheduler.grammar_manager.grammar_queue)
-    for group in groups:
-        for req in (group.values() if isinstance(group, dict) else group):
-            if req is not None and id(req) not in seen:
-                seen.add(id(req))
-                out.append(req)
-    return out
+def _expects(num: Number) -> str:
+    high = "" if num.high is None else f"{int(num.high)}" if num.kind == "int" else f"{num.high:g}"
+    if num.kind == "int":
+        return f"an integer in {num.low}..{high}" if high else f"an integer >= {num.low}"
+    low = f"({num.low}" if num.low_open else f"[{num.low}"
+    return f"a number in {low}, {high}]"
 
 
-# --- the grammar step bound: time per grammar call on this rank, verdict agreed per batch --------
-XG = "sglang.srt.constrained.xgrammar_backend"
-
-
-def note_step_time(grammar, began: float) -> None:
-    """Keep the slowest call (microseconds, this rank's clock) of a grammar since the last batch's
-    agreement. A measurement only: the verdict is taken from the TP group's agreed value."""
-    spent = int((time.perf_counter() - began) * 1e6)
-    if spent > getattr(grammar, "_dsv41_step_us", 0):
-        grammar._dsv41_step_us = spent
-
-
-@functools.lru_cache(maxsize=None)
-def _xgrammar_class():
-    """The engine's XGrammarGrammar (looked up once: the check runs after every batch)."""
-    return importlib.import_module(XG).XGrammarGrammar
-
-
-def xgrammar_of(req):
-    """The engine's XGrammarGrammar behind a request's grammar, or None: a reasoning parser wraps
-    it in a ReasonerGrammarObject whose `grammar` is the backend's."""
-    grammar = getattr(req, "grammar", None)
-    for _ in range(3):
-        if grammar is None or isinstance(grammar, _xgrammar_class()):
-            return grammar
-        grammar = getattr(grammar, "grammar", None)
+def check_sampling_value(name: str, value, where: str):
+    """A message when a sampling value has a type the engine's SamplingParams cannot take (it
+    would raise TypeError comparing it, a 500 on the routes that map only ValueError), else None.
+    Ranges are the engine's own check (its ValueError) and the choke point's."""
+    label = f"{where}.{name}"
+    num = _NUMBERS.get(name)
+    if num is not None:
+        ok = _is_int(value) if num.kind == "int" else _is_real(value)
+        if value is None and num.optional:
+            return None
+        if not ok:
+            kind = "an integer" if num.kind == "int" else "a number"
+            return (f"{label} = {_short(value)} is {_shape(value)}, not {kind}: this engine expects "
+                    f"{_expects(num)}")
+        return None
+    if name == "sampling_seed":
+        if not _is_int(value) or isinstance(value, bool) or not INT64[0] <= value <= INT64[1]:
+            return (f"{label} = {_short(value)} is not a seed: this engine expects an integer in "
+                    "[-2**63, 2**63 - 1]")
+        return None
+    if name in ("stop", "stop_regex"):
+        if value is None or isinstance(value, str) or (
+                isinstance(value, list) and all(isinstance(x, str) for x in value)):
+            return None
+        return f"{label} = {_short(value)} is {_shape(value)}: this engine expects a string or a list of strings"
+    if name == "stop_token_ids":
+        if value is None or (isinstance(value, list) and all(_is_int(x) for x in value)):
+            return None
+        return f"{label} = {_short(value)} is {_shape(value)}: this engine expects a list of token ids"
+    if name == "logit_bias":
+        if value is None or isinstance(value, dict):
+            return None
+        return (f"{label} = {_short(value)} is {_shape(value)}: this engine expects an object of "
+                "token id -> bias")
+    if name in GRAMMAR_FIELDS:
+        if value is None or isinstance(value, str):
+            return None
+        return f"{label} = {_short(value)} is {_shape(value)}: this engine expects one string"
     return None
 
 
-def agreed_step_us(grammars, group, world: int, reduce=all_reduce_max) -> list[int]:
-    """Each grammar's slowest call since the last agreement, MAX over the TP group (every rank
-    gets the same list, in the batch's order, which is the same on every rank); one rank: its own."""
-    local = [int(getattr(g, "_dsv41_step_us", 0)) for g in grammars]
-    if world <= 1 or group is None:
-        return local
-    return reduce(local, group)
+def check_sampling_params(sp, where: str, accepted: frozenset):
+    """A message for a sampling-params object (or the batch form, a list of them) the engine's
+    `SamplingParams(**sp)` cannot take: not an object, a name it does not have (TypeError), a
+    value of a type it cannot compare."""
+    items = sp if isinstance(sp, list) else [sp]
+    for item in items:
+        if item is None:
+            continue
+        if not isinstance(item, dict):
+            return (f"{where} = {_short(item)} is {_shape(item)}: this engine expects an object of "
+                    "sampling parameters (or a list of them, one per prompt)")
+        unknown = sorted(k for k in item if k not in accepted)
+        if unknown:
+            return (f"{where} has {_short(unknown[0])}, which is not a sampling parameter of this "
+                    f"engine; it takes: {', '.join(sorted(accepted))}")
+        for name, value in item.items():
+            message = check_sampling_value(name, value, where)
+            if message is not None:
+                return message
+    return None
 
 
-def install(ctx) -> str:
-    counters = ctx.counters
-    kinds = declared_kinds()        # the engine's declared types of the guarded fields
-    limits = Limits.from_ctx(ctx)
-    re2 = re2_module()
-    logged: set = set()
+def check_ollama_options(options):
+    """(field, message) for Ollama `options` the engine's Ollama route would turn into a 500 (a value its
+    SamplingParams cannot compare), else None. Ollama's documented names the engine does not map
+    are ignored, as the engine ignores them."""
+    if options is None:
+        return None
+    if not isinstance(options, dict):
+        return "options", f"options = {_short(options)} is {_shape(options)}: Ollama expects an object"
+    for option, field in OLLAMA_OPTIONS.items():
+        if option in options:
+            message = check_sampling_value(field, options[option], "sampling_params")
+            if message is not None:
+                return field, (f"options.{option} = {_short(options[option])} (this engine's "
+                               f"sampling_params.{field}): " + message.split(": ", 1)[1])
+    return None
 
-    def once(key, fmt, *args):
-        if key not in logged:
-            logged.add(key)
-            receipts.line(NAME, fmt, *args)
 
-    rejected = rejection_class()
+VERTEX_INPUTS = ("text", "input_ids", "input_embeds")
 
-    def reject(reason: str, message: str):
-        counters[f"rejected:{reason}"] += 1
-        once(reason, "rejected a request (HTTP 400): %s; further %s rejections are counted, not "
-             "logged", message, reason)
-        raise rejected(message)
 
-    def create_tokenized_object(original, self, obj, *args, **kwargs):
-        tokenized = original(self, obj, *args, **kwargs)     # the engine's errors propagate as is
-        try:
-            counters["checked"] += 1
-            bad = check(tokenized, self.model_config.vocab_size, kinds, ctx.fallback, limits, re2)
-        except Exception as exc:  # noqa: BLE001 - fail closed: what we could not check is refused
-            detail = str(exc) if isinstance(exc, Unchecked) else type(exc).__name__
-            reject("unchecked", f"input_guard could not check this request ({detail}); it is "
-                                "refused rather than sent to the scheduler unchecked")
-        if bad is None:
-            return tokenized
-        reject(*bad)
+def check_vertex(instances, parameters, request_fields: frozenset, sampling_fields: frozenset):
+    """A message for a `/vertex_generate` body the engine's route cannot build a request of
+    (`GenerateReqInput(**inputs, image_data=..., **parameters)`: a name it does not have is a
+    TypeError, a 500), or whose values it cannot compare, else None."""
+    if not isinstance(instances, list) or not all(isinstance(i, dict) for i in instances):
+        return "instances must be a list of objects"
+    key = next((k for k in VERTEX_INPUTS if instances and instances[0].get(k)), None)
+    if key == "text":
+        bad = next((i.get("text") for i in instances if not isinstance(i.get("text"), str)), None)
+        if any(not isinstance(i.get("text"), str) for i in instances):
+            return (f"instances[].text = {_short(bad)} is {_shape(bad)}: this engine expects one "
+                    "string per instance (the same input key in every instance)")
+    elif key == "input_ids":
+        for i in instances:
+            ids = i.get("input_ids")
+            if not isinstance(ids, list) or not all(_is_int(t) for t in ids):
+                return (f"instances[].input_ids = {_short(ids)} is not a list of token ids: this "
+                        "engine expects one list of integers per instance")
+    if parameters is None:
+        return None
+    if not isinstance(parameters, dict):
+        return f"parameters = {_short(parameters)} is {_shape(parameters)}: this engine expects an object"
+    own = set(VERTEX_INPUTS) | {"image_data"}
+    unknown = sorted(k for k in parameters if k not in request_fields or k in own)
+    if unknown:
+        name = unknown[0]
+        why = ("the route sets it from the instances" if name in own else
+               "not a field of this engine's GenerateReqInput")
+        return (f"parameters.{name}: {why}; sampling fields go in parameters.sampling_params, "
+                "request fields (stream, return_logprob, ...) in parameters")
+    return check_sampling_params(parameters.get("sampling_params"), "parameters.sampling_params",
+                                 sampling_fields)
 
-    def generate_request(original, self, obj, *args, **kwargs):
-        # n is the one bound whose cost is spent before the choke point: the engine's
-        # normalisation (first thing in generate_request) expands the request n times
-        sp = getattr(obj, "sampling_params", None)
-        items = [sp] if isinstance(sp, dict) else sp if isinstance(sp, list) else ()
-        for item in items:
-            n = item.get("n", 1) if isinstance(item, dict) else 1
-            if _is_int(n) and n > limits.n:
-                reject("n", f"sampling_params.n = {n} is over this line's limit of {limits.n} "
-                            f"parallel samples per request ({LIMIT_KEYS['n']})")
-        return original(self, obj, *args, **kwargs)
 
-    def abort_request(original, self, recv_req):
-        # The engine matches an abort's rid as a prefix of every request's rid: hide the others
-        # whose rid merely starts with it for the duration of the engine's own abort.
-        rid = recv_req.rid
-        if recv_req.abort_all or not isinstance(rid, str) or not rid:
-            return original(self, recv_req)
-        if (getattr(self, "mm_receiver", None) is not None or self.dllm_config is not None
-                or str(getattr(self.disaggregation_mode, "value", self.disaggregation_mode)) != "null"):
-            ctx.fallback("abort_request in a disaggregated, dLLM or EPD scheduler: its other "
-                         "queues are matched by rid prefix as the engine does")
-            return original(self, recv_req)
-        mark = "\x01" if rid[0] == "\x00" else "\x00"
-        hidden = [(req, req.rid) for req in live_reqs(self)
-                  if isinstance(req.rid, str) and req.rid != rid and req.rid.startswith(rid)]
-        for req, own in hidden:
-            req.rid = mark + own
-        try:
-            return original(self, recv_req)
-        finally:
-            for req, own in hidden:
-                req.rid = own
-            if hidden:
-                once("abort_exact", "kept an abort exact: the abort of rid %r left %d running "
-                     "request(s) whose rid starts with it untouched (logged once)", rid, len(hidden))
+# ---- what a request costs before the choke point (the HTTP event loop, the engine's expansion) ----
 
-    budget_us = limits.grammar_step_ms * 1000
-    layout: dict = {}
+def _prompts(obj) -> int:
+    """How many prompts a GenerateReqInput carries before the engine normalises it (its batch
+    form: a list of texts, a list of id lists, a list of embeddings)."""
+    for name in ("text", "input_ids", "input_embeds"):
+        value = getattr(obj, name, None)
+        if value is None:
+            continue
+        if name == "text":
+            return len(value) if isinstance(value, list) else 1
+        return len(value) if isinstance(value, list) and value and isinstance(value[0], list) else 1
+    return 1
 
-    def bound_layout(scheduler) -> tuple[bool, object, int]:
-        """(acts, gloo group, ranks) of the grammar step bound in this scheduler process, decided
-        once from the engine's parallel layout. Every rank of the scheduler's DP-local TP group
-        runs each request's grammar (the group the engine itself agrees grammar readiness over,
-        `GrammarManager.grammar_sync_group`), so each step's verdict is agreed over it. Context-
-        and pipeline-parallel ranks follow other paths: the bound stays off there, said once."""
-        if "acts" not in layout:
-            reason, group, world = None, None, 1
-            try:
-                from sglang.srt.runtime_context import get_parallel
 
-                parallel = get_parallel()
-                others = parallel.attn_cp_size * parallel.pp_size
-                if others != 1:
-                    reason = (f"{others} context- / pipeline-parallel ranks (attention CP x PP) run "
-                              "each request's grammar; the bound agrees over the TP group only")
-                else:
-                    world = int(scheduler.dp_tp_group.world_size)
-                    group = scheduler.dp_tp_cpu_group if world > 1 else None
-            except Exception as exc:  # noqa: BLE001 - an unknown layout: stay off, say why
-                reason = f"the parallel layout is unknown here ({type(exc).__name__})"
-            layout.update(acts=reason is None, group=group, world=world)
-            if reason is not None:
-                ctx.fallback(f"grammar step bound off: {reason}; a request finished on one rank's "
-                             "clock would split the ranks' batches (grammar compilation stays "
-                             "bounded by the engine's grammar timeout)")
-        return layout["acts"], layout["group"], layout["world"]
+def check_samples(obj, limits: Limits):
+    """A message when the whole request asks for more samples than the line's bound (prompts x
+    n, or the sum of each prompt's n): the engine's normalisation expands it before the choke
+    point, on the HTTP event loop."""
+    sp = getattr(obj, "sampling_params", None)
+    prompts = _prompts(obj)
+    if isinstance(sp, list):
+        ns = [item.get("n", 1) if isinstance(item, dict) else 1 for item in sp]
+    else:
+        ns = [sp.get("n", 1) if isinstance(sp, dict) else 1] * prompts
+    if not all(_is_int(n) for n in ns):
+        return None                         # the engine's / the choke point's type check
+    total = sum(max(int(n), 1) for n in ns)
+    if total <= limits.n:
+        return None
+    if len(ns) == 1:
+        return (f"sampling_params.n = {ns[0]} is over this line's limit of {limits.n} parallel "
+                f"samples per request ({LIMIT_KEYS['n']})")
+    return (f"this request asks for {total} samples ({len(ns)} prompts, sampling_params.n "
+            f"{'each ' + str(ns[0]) if len(set(ns)) == 1 else 'summed'}), over this line's limit of "
+            f"{limits.n} samples per request, all its prompts together ({LIMIT_KEYS['n']})")
 
-    def over_budget(grammar, us: int, world: int) -> None:
-        ranks = "this rank's" if world == 1 else f"the slowest of {world} TP ranks"
-        grammar._dsv41_over_budget = (
-            f"dsv41 input_guard: this request's grammar took {us / 1000:.0f} ms in one decode step "
-            f"({ranks}), over this line's limit of {limits.grammar_step_ms} ms "
-            f"({LIMIT_KEYS['grammar_step_ms']}); the request is finished, the batch goes on")
-        once("grammar_step", "finished a request whose grammar took %.0f ms in one decode step "
-             "(%s), over %d ms (logged once)", us / 1000, ranks, limits.grammar_step_ms)
 
-    def accept_token(original, self, token):
-        message = getattr(self, "_dsv41_over_budget", None)
-        if message is not None:
-            raise ValueError(message)            # the engine finishes that request (FINISH_ABORT)
-        began = time.perf_counter()
-        out = original(self, token)
-        note_step_time(self, began)
-        return out
+def check_text_size(obj, limits: Limits):
+    """A message when a request's prompt text is longer than the line's bound (the tokenizer
+    manager tokenizes it on the HTTP event loop, every other client waiting)."""
+    text = getattr(obj, "text", None)
+    if isinstance(text, str):
+        total = len(text)
+    elif isinstance(text, list):
+        total = sum(len(t) for t in text if isinstance(t, str))
+    else:
+        return None
+    if total <= limits.text_chars:
+        return None
+    return (f"text has {total:,} characters, over this line's limit of {limits.text_chars:,} per "
+            f"request ({LIMIT_KEYS['text_chars']}): the engine tokenizes text on its HTTP event "
+            "loop, where every other client waits; send the prompt as input_ids instead")
 
-    def fill_vocab_mask(original, self, vocab_mask, idx):
-        if getattr(self, "_dsv41_over_budget", None) is not None:
-            return None                          # no more grammar work: accept_token finishes it
-        began = time.perf_counter()
-        out = original(self, vocab_mask, idx)
-        note_step_time(self, began)
-        return out
 
-    def process_batch_result(original, self, batch, result):
-        """After each batch's result, on every rank at the same point of its loop: the slowest
-        grammar call of each of the batch's grammar requests since the last batch, agreed (MAX)
-        over the TP group; a request over the bound is marked on every rank alike, and its next
-        accept_token finishes it through the engine's own grammar error path."""
-        out = original(self, batch, result)
-        try:
-            grammars = [g for g in map(xgrammar_of, batch.reqs or ()) if g is not None]
-            if not grammars:                     # the same batch on every rank: all skip alike
-                return out
-            acts, group, world = bound_layout(self)
-            agreed = agreed_step_us(grammars, group, world) if acts else [0] * len(grammars)
-        except Exception as exc:  # noqa: BLE001 - never into the scheduler loop; nothing marked
-            ctx.fallback(f"grammar step bound skipped a batch: {type(exc).__name__} while agreeing "
-                         "its grammar step times; no request finished by the bound there")
-            return out
-        for grammar, us in zip(grammars, agreed):
-            grammar._dsv41_step_us = 0
-            if us > budget_us and getattr(grammar, "_dsv41_over_budget", None) is None:
-                over_budget(grammar, us, world)
-        return out
+def check_parse_size(text, route: str, limits: Limits):
+    """A message when a parse route's text is longer than the line's bound (the parser runs on
+    the HTTP event loop, its cost grows with the square of the text for unclosed tags)."""
+    if not isinstance(text, str) or len(text) <= limits.parse_chars:
+        return None
+    return (f"text has {len(text):,} characters, over this line's limit of {limits.parse_chars:,} "
+            f"for {route} ({LIMIT_KEYS['parse_chars']}): the parser runs on the HTTP event loop, "
+            "where every other client waits")
 
-    async def _refuse_session(what: str):
-        reject("sessions", SESSIONS_OFF.format(what=what))
 
-    def open_session(original, self, obj, *args, **kwargs):
-        return _refuse_session("/open_session")
+def check_prompt_present(obj):
+    """A message when a request carries an empty prompt list the engine's normalisation indexes
+    (`input_ids[0]`: IndexError, a 500 on /classify and /encode), else None."""
+    ids, text = getattr(obj, "input_ids", None), getattr(obj, "text", None)
+    if text is None and isinstance(ids, list) and not ids:     # indexed whatever else is sent
+        return ("input_ids = [] has no prompt token: this engine expects at least one token id "
+                "per prompt (or a text)")
+    if getattr(obj, "input_embeds", None) is not None or getattr(obj, "image_data", None):
+        return None
+    if text is None and isinstance(ids, list):
+        empty = next((i for i, x in enumerate(ids) if isinstance(x, list) and not x), None)
+        if empty is not None:
+            return (f"input_ids[{empty}] = [] has no prompt token: this engine expects at least "
+                    "one token id per prompt")
+    if ids is None and isinstance(text, list) and not text:
+        return "text = [] has no prompt: this engine expects at least one prompt"
+    return None
 
-    def close_session(original, self, obj, *args, **kwargs):
-        return _refuse_session("/close_session")
 
-    ctx.around("TokenizerManager._create_tokenized_object", create_tokenized_object)
-    ctx.around("TokenizerControlMixin.open_session", open_session)
-    ctx.around("TokenizerControlMixin.close_session", close_session)
-    ctx.around("TokenizerManager.generate_request", generate_request)
-    ctx.around("Scheduler.abort_request", abort_request)
-    ctx.around("XGrammarGrammar.accept_token", accept_token)
-    ctx.around("XGrammarGrammar.fill_vocab_mask", fill_vocab_mask)
-    ctx.around("Scheduler.process_batch_result", process_batch_result)
-    if re2 is not None:
-        import re
-
-        schedule_batch = importlib.import_module(SB)
-        if not isinstance(schedule_batch.re, Re2Search):
-            schedule_batch.re = Re2Search(re)
-    return (f"{KEY}=1: every request's tokenized fields are checked in the tokenizer manager before "
-            "the scheduler (prompt ids, logprob_start_len, top_logprobs_num, lora_id, "
-            "positional_embed_overrides, stop_token_ids; each sampling number against its tensor's "
-            "type and range, logit_bias, rid, sessions (off), prompt index fields) and bounded "
-            f"(n <= {limits.n}, prompt log-prob entries <= {limits.logprob_entries}, stop strings "
-            f"<= {limits.stop_chars} characters); a bad request gets HTTP 400 naming the field or "
-            "the limit; a request the guard cannot check gets 400 too; "
-            + ("stop_regex runs on RE2 (linear time)" if re2 is not None else
-               "stop_regex refused (RE2, google-re2, not installed)")
-            + f"; a grammar step over {limits.grammar_step_ms} ms (the slowest TP rank's, agreed "
-              "after each batch) finishes its request; aborts "
-              "match rids exactly")
+def check_embedding_batch(obj):
+    """A message for an embedding request's shape the engine's normalisation cannot take
+    (`EmbeddingReqInput.normalize_batch_and_arguments`: a single prompt's sampling params must be
+    an object it sets max_new_tokens 0 in; a batch's rid a list (an assert), its sampling params one
+    object per prompt), else None."""
+    prompts = _prompts(obj)
+    text, ids = getattr(obj, "text", None), getattr(obj, "input_ids", None)
+    batch = isinstance(text, list) or (isinstance(ids, list) and ids and isinstance(ids[0], list))
+    sp, rid = getattr(obj, "sampling_params", None), getattr(obj, "rid", None)
+    if not batch:
+        if sp is not None and not isinstance(sp, dict):
+            return (f"sampling_params = {_short(sp)} is {_shape(sp)} on a single prompt: this engine "
+                    "expects one object (a list only in the batch form, one per prompt)")
+        return None
+    if rid is not None and not isinstance(rid, list):
+        return (f"rid = {_short(rid)} is {_shape(rid)} on a batch of {prompts} prompts: this engine "
+                "expects a list of rids, one per prompt")
+    if isinstance(sp, list) and (len(sp) < prompts or not all(isinstance(x, dict) for x in sp)):
+        return (f"sampling_params has {len(sp)} entries for {prompts} prompts: this engine expects "
+                "one object per prompt (or one object for all)")
+    return None
