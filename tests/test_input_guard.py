@@ -2,6 +2,7 @@
 vocabulary 1024; installed by the production installer), the engine's real HTTP app driven
 through it, and its check on its own. The real server: tests/e2e/test_e2e_faults.py."""
 import asyncio
+import inspect
 import time
 import types
 import typing
@@ -395,15 +396,25 @@ def test_sessions_index_fields_and_logprob_cost_are_refused(manager, extra, reas
     assert _counts() == {"checked": 1, f"rejected:{reason}": 1}
 
 
-def test_a_huge_n_is_refused_before_the_engine_expands_the_request(manager):
+def test_a_huge_n_is_refused_before_the_engine_expands_the_request(manager, monkeypatch):
     from sglang.srt.managers.io_struct import GenerateReqInput
 
     obj = GenerateReqInput(input_ids=[5, 6], sampling_params={"n": 10**9, "max_new_tokens": 2})
-    began = time.perf_counter()
+    expanded = []                           # the engine's normalisation (it expands n) is watched
+    real = GenerateReqInput.normalize_batch_and_arguments
+    monkeypatch.setattr(GenerateReqInput, "normalize_batch_and_arguments",
+                        lambda self: expanded.append(self) or real(self))
     with pytest.raises(ValueError, match=r"n = 1000000000 is over this line's limit of 128"):
         manager.generate_request(obj)           # refused on the way in: nothing expanded
-    assert time.perf_counter() - began < 0.5 and _counts() == {"rejected:n": 1}
+    assert expanded == [] and _counts() == {"rejected:n": 1}
     assert obj.rid is None                      # the engine's normalisation never ran
+    # under the limit the call goes on to the engine's own generate_request (its async generator,
+    # whose first step is the normalisation watched above)
+    ok = GenerateReqInput(input_ids=[5, 6], sampling_params={"n": 2, "max_new_tokens": 2})
+    agen = manager.generate_request(ok)
+    assert inspect.isasyncgen(agen) and agen.ag_code.co_name == "generate_request"
+    asyncio.run(agen.aclose())
+    assert expanded == [] and _counts() == {"rejected:n": 1}
 
 
 def test_n_is_checked_at_the_choke_point_too(kinds):
@@ -427,9 +438,19 @@ def test_the_scheduler_searches_stop_regex_on_re2_in_linear_time(install_adapter
 
     assert isinstance(schedule_batch.re, input_guard.Re2Search)
     text = "a" * 200_000                 # Python's re backtracks exponentially on this pattern
-    began = time.perf_counter()
-    assert schedule_batch.re.search(r"(.+)+\x00", text) is None
-    assert time.perf_counter() - began < 0.5
+    import re as python_re
+
+    input_guard.re2_compile.cache_clear()
+    cached = input_guard.re2_compile.cache_info().currsize
+
+    def backtracking(*args, **kwargs):
+        raise AssertionError("the stop_regex search reached Python's re")
+
+    with pytest.MonkeyPatch.context() as mp:    # the search must not reach Python's re at all
+        for name in ("search", "compile", "match", "fullmatch", "finditer", "findall"):
+            mp.setattr(python_re, name, backtracking)
+        assert schedule_batch.re.search(r"(.+)+\x00", text) is None
+    assert input_guard.re2_compile.cache_info().currsize == cached + 1     # compiled by RE2
     assert schedule_batch.re.search(r"b+c", "aabbbc").group(0) == "bbbc"
     with pytest.raises(schedule_batch.re.error):            # the engine's own handler finishes it
         schedule_batch.re.search("(?<=a)b", "ab")
