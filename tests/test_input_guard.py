@@ -849,17 +849,29 @@ def test_session_routes_are_refused_through_the_app(app_client):
     assert sent == []
 
 
-def test_with_sampling_on_every_value_that_killed_stock_got_400_on_the_line():
-    """docs/input_guard_fields_top_k.json: the same rows with temperature 1 and top_k 50
-    (bench/input_guard_fields.py --sampling top_k), on stock and on the production line."""
+def test_with_sampling_on_every_value_that_killed_stock_the_guard_answers_400(app_client):
+    """docs/input_guard_fields_top_k.json records the field table's rows sent with temperature 1
+    and top_k 50 (bench/input_guard_fields.py --sampling top_k) to stock and to the production
+    line. Each row that killed stock is sent again here, the same body the bench sent
+    (`on_route`), through the engine's HTTP app and real TokenizerManager with the guard
+    installed: 400, nothing sent to the scheduler. (The recorded production column says the same
+    of a real server; this runs the guard on the rows.)"""
     import json
     import pathlib
 
+    client, sent = app_client
+    bench, _ = _field_table()
     rows = json.loads((pathlib.Path(__file__).resolve().parents[1] / "docs" /
                        "input_guard_fields_top_k.json").read_text())
     dies = [r for r in rows if r["stock"] == "dies"]
     assert dies, "the table records no death: the measurement did not run"
-    assert all(r["production"] == "400" for r in dies), [r for r in dies if r["production"] != "400"]
+    bodies = {(r["struct"], r["field"], repr(r["value"])): r["body"] for r in bench.rows()}
+    for r in dies:
+        body = bench.on_route(bodies[(r["struct"], r["field"], repr(r["value"]))], "/generate",
+                              "top_k", r)
+        resp = client.post("/generate", json=body)
+        assert resp.status_code == 400 and r["field"] in resp.text, (r, resp.status_code, resp.text)
+        assert sent == [], r
     assert not [r for r in rows if r["production"] == "dies"]
 
 
