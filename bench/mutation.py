@@ -101,7 +101,7 @@ MODULES: dict[str, dict] = {
         # engine's DSV4 backend, ~20 s per worker, and each negative control runs 10-17 s);
         # test_swa_cone_compose.py starts a child interpreter.
         "tests": ["tests/test_swa_cone.py", "tests/test_swa_cone_failure.py",
-                  "tests/test_swa_cone_copy.py"],
+                  "tests/test_swa_cone_copy.py", "tests/test_swa_cone_edges.py"],
         "deselect": [],
     },
     "input_guard": {
