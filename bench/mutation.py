@@ -59,10 +59,14 @@ MODULES: dict[str, dict] = {
         "deselect": [],
     },
     "decode_yield": {
-        "what": "decode yield's planner (cost model, step count, arm / defer / disarm)",
+        "what": "decode yield's planner (cost model, step count, arm / defer / disarm, the online "
+                "calibration: OnlineScales, since, readings, agree, wanted_steps, and install's "
+                "closures finish_plan, timing_or_none, online_scales, replan)",
         "files": ["adapter/decode_yield.py"],
+        # "*": every function and method of the file; install()'s closures are mutated as part
+        # of install (mutmut mutates a nested function inside its enclosing one)
         "scope": ["*"],
-        "tests": ["tests/test_decode_yield.py"],
+        "tests": ["tests/test_decode_yield.py", "tests/test_decode_yield_mutants.py"],
         "deselect": [
             # reads adapter/decode_yield.py's own imports from its file (mutmut's copy imports more)
             "tests/test_decode_yield.py::test_adapter_reads_no_clock_and_nothing_rank_local",
