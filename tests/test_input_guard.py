@@ -3,7 +3,6 @@ vocabulary 1024; installed by the production installer), the engine's real HTTP 
 through it, and its check on its own. The real server: tests/e2e/test_e2e_faults.py."""
 import asyncio
 import inspect
-import time
 import types
 import typing
 from array import array
