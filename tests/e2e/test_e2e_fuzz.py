@@ -9,7 +9,7 @@ requests beside the fuzz (each must get all its tokens), through its Hypothesis 
 examples and coverage phases spend minutes generating for the engine's request schemas before they
 send anything; its negative mode up to a minute per body). Each body is sent on its own, one after the
 other, to 127.0.0.1 only, with a time limit per request (a stream still answering then is cut and
-recorded, not failed), the routes in turn, until PER_ROUTE bodies went to every route (a request
+recorded, not failed), route by route, until PER_ROUTE bodies went to every route (a request
 count, the same on any machine: no wall-clock budget), or the server dies. Then, asserted:
 
   every process of the boot (launcher, scheduler, detokenizer) alive, /health 200, every route
@@ -68,7 +68,7 @@ ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions", "/v1/messages"
 TOP_K_EDGES = (-1, 0, 2**31 - 1, 2**31, 2**40)
 BESIDE_TOKENS = 48          # the plain stream beside the fuzz: each must get all its tokens
 SEED = 20261230
-PER_ROUTE = 8               # bodies sent to each route, the routes in turn (16 x 8 requests)
+PER_ROUTE = 8               # bodies sent to each route, route by route (16 x 8 requests)
 REQUESTS = PER_ROUTE * len(ROUTES)
 REQUEST_S = 20.0            # one request: connect + the whole answer (a stream is cut there)
 DEATH_WAIT_S = 3.0          # after no answer: how long a dying server gets to show it (its
@@ -261,28 +261,35 @@ class _Stop(Exception):
 
 
 def fuzz(boot: Boot, strategies: dict) -> tuple[list[Sent], Death | None]:
-    """Generate and send, the routes in turn, until REQUESTS were sent or the server dies: a
-    request count, so a loaded machine sends the same bodies as an idle one, only slower."""
+    """Generate and send, route by route, until each route got PER_ROUTE bodies or the server
+    dies: a request count, so a loaded machine sends the same bodies as an idle one, only slower.
+    One Hypothesis run per route (its own seed): the strategy a run draws from must not depend on
+    what was sent before (Hypothesis replays its examples and refuses data that does)."""
     sent: list[Sent] = []
     state: dict = {"death": None}
 
-    @hypothesis.seed(SEED)
-    @hypothesis.settings(max_examples=10 * REQUESTS, deadline=None, database=None,
-                         phases=[Phase.generate], suppress_health_check=list(HealthCheck),
-                         verbosity=Verbosity.quiet, report_multiple_bugs=False)
-    @hypothesis.given(data=st.data())
-    def one(data):
-        if state["death"] or len(sent) >= REQUESTS:
-            raise _Stop
-        case = data.draw(strategies[ROUTES[len(sent) % len(ROUTES)]])
-        s = send(boot.server, case.formatted_path, body_of(case))
-        sent.append(s)
-        if boot.died_on(s):
-            state["death"] = Death(s, boot.exception(), 1)
-            raise _Stop
+    def run(i: int, route: str) -> None:
+        @hypothesis.seed(SEED + i)
+        @hypothesis.settings(max_examples=10 * PER_ROUTE, deadline=None, database=None,
+                             phases=[Phase.generate], suppress_health_check=list(HealthCheck),
+                             verbosity=Verbosity.quiet, report_multiple_bugs=False)
+        @hypothesis.given(case=strategies[route])
+        def one(case):
+            if state["death"] or sum(s.route == route for s in sent) >= PER_ROUTE:
+                raise _Stop
+            s = send(boot.server, case.formatted_path, body_of(case))
+            sent.append(s)
+            if boot.died_on(s):
+                state["death"] = Death(s, boot.exception(), 1)
+                raise _Stop
 
-    with contextlib.suppress(_Stop):
-        one()
+        with contextlib.suppress(_Stop):
+            one()
+
+    for i, route in enumerate(ROUTES):
+        run(i, route)
+        if state["death"]:
+            break
     return sent, state["death"]
 
 
