@@ -36,15 +36,35 @@ def test_a_first_pass_ending_exactly_at_f_plans_the_replay(install_adapters):
     assert receipts.counters["swa_cone"]["plans"] == 1
 
 
-def test_the_re_admission_after_a_refused_replay_asks_the_stock_budget(install_adapters, monkeypatch):
+def _setup_shared(shared):
+    """_setup's scenario with the evicting prompts sharing the document's first `shared` tokens:
+    their prefills keep that prefix's window, so the stock match is `shared` tokens, not 0."""
+    from adapter.tools.sims.swa_cone import Driver, build
+    from test_swa_cone import CHUNK, DOC, TAIL
+
+    cpu = build(60_000, 4096, "python")
+    drv = Driver(cpu, chunk=CHUNK)
+    doc = list(range(1, DOC + 1))
+    drv.prefill(doc, output_tokens=[7] * 40)
+    for i in range(12):
+        start = 1_000_000 + 1024 * i
+        drv.prefill(doc[:shared] + list(range(start, start + 1024)), output_tokens=[5] * 16)
+    return cpu, drv, doc + list(range(900_000, 900_000 + TAIL))
+
+
+@pytest.mark.parametrize("shared", [0, 512])
+def test_the_re_admission_after_a_refused_replay_asks_the_stock_budget(install_adapters, monkeypatch,
+                                                                       shared):
     """A first pass that cannot cover the replay (chunk 512 < N): the engine's admission is asked
-    again at the stock match, with the request's total tokens grown by the rows between the stock
-    hit and s (the engine's own budget check sees each call's figures, recorded as it runs)."""
+    again at the stock match (0 or 512 tokens), with the request's total tokens grown by the rows
+    between the stock hit and s (the engine's own budget check sees each call's figures, recorded
+    as it runs)."""
     _installed(install_adapters)
-    cpu, drv, prompt = _setup("python")
+    cpu, drv, prompt = _setup("python") if shared == 0 else _setup_shared(shared)
     drv.chunk = 512
     req = _arrive(drv, prompt)
     stock = req.prefix_len
+    assert stock == shared
     F = _full_resident_end(cpu, prompt)
     s = F - N
     adder = drv.adder()
@@ -138,3 +158,23 @@ def test_a_disabled_cache_or_one_without_swa_gives_no_candidate(install_adapters
     assert not any(receipts.counters["swa_cone"].values())
     cand = cone.candidate(drv.cache, params, result)         # the control: the same result, planned
     assert cand is not None and cand.F == result.swa_branching_seqlen
+
+
+def test_a_re_match_that_finds_no_node_at_s_alone_gives_no_candidate(install_adapters, monkeypatch,
+                                                                     caplog):
+    """The engine's match found the node at F; a fault injected into the re-match's walk alone
+    (the key cut at s) reports no node: no candidate, the fallback line says why."""
+    from adapter import swa_cone
+
+    _installed(install_adapters)
+    cpu, drv, prompt = _setup("python")
+    params, result = _match(drv, prompt)
+    assert result.last_visited_node_id is not None
+    real = drv.cache._match_tree
+    monkeypatch.setattr(drv.cache, "_match_tree",
+                        lambda p: real(p)._replace(last_visited_node_id=None))
+    with caplog.at_level(logging.INFO, logger="sglang.dsv41"):
+        assert swa_cone.state().candidate(drv.cache, params, result) is None
+    assert receipts.counters["swa_cone"]["fallback:re-match on full KV found no node; stock match "
+                                         "kept"] == 1
+    assert receipts.counters["swa_cone"]["candidates"] == 0
