@@ -84,12 +84,12 @@ def test_the_re_admission_after_a_refused_replay_asks_the_stock_budget(install_a
     assert at_stock["total_tokens"] - at_s["total_tokens"] == s - stock > 0
 
 
-@pytest.mark.parametrize("extra", [{"extra_key": "tenant-a"}, {"lora_id": "lora-7"}])
+@pytest.mark.parametrize("extra", [{"extra_key": "tenant-a"}, {"lora_id": "lora-7"}, {"cache_salt": "salt-1"}])
 def test_a_request_in_an_extra_key_namespace_plans_within_it(install_adapters, monkeypatch, extra):
-    """The document and its resume both carry an extra key (a cache-salt namespace, or a LoRA
-    adapter's id, which the engine appends to it): the re-match at s walks that namespace's
-    branch of the tree (the key cut at s keeps the extra key), and the replay is planned there, as
-    it is without one; the same tokens without the key find none of it."""
+    """The document and its resume both carry an extra key (a namespace key, or a LoRA adapter's
+    id, which the engine appends to it) or a cache salt: the re-match at s walks that namespace's
+    branch of the tree (the key cut at s keeps the extra key and the salt), and the replay is
+    planned there, as it is without one; the same tokens without them find none of it."""
     from adapter import swa_cone
     from adapter.tools.sims.swa_cone import Driver
     from sglang.srt.managers.schedule_batch import Req
@@ -104,7 +104,7 @@ def test_a_request_in_an_extra_key_namespace_plans_within_it(install_adapters, m
     _installed(install_adapters)
     cpu, drv, prompt = _setup("python")
     req = _arrive(drv, prompt)
-    assert req.extra_key is not None
+    assert req.extra_key is not None or req.cache_salt is not None
     stock = req.prefix_len
     root = drv.cache.root_node_handle(req.extra_key)
     adder = drv.adder()
