@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import re
 
 import pytest
 
@@ -245,3 +246,89 @@ def test_dp_attention_keeps_the_stock_interval_and_says_why():
     reason = ("DP attention (require_mlp_sync): the engine keeps the interval in step across DP ranks "
               "and their rows differ; stock interval kept")
     assert receipts.counters[dy.NAME][f"fallback:{reason}"] == 1
+
+
+# --- install()'s closures: the online plan's accounting, the cap count, a failed re-plan ---------
+
+LINE = re.compile(r"rid=p left chunked prefill: (\d+) chunks yielded, (\d+) decode steps planned, "
+                  r"(\d+) run, (\d+) ended early")
+
+
+def _prompt_line(caplog, **kw):
+    """The scenario run until the prompt's line is written; (its line, trace, counters)."""
+    from test_decode_yield import scenario
+
+    receipts.forget(dy.NAME)
+    with caplog.at_level(logging.INFO, logger="sglang.dsv41"):
+        _, trace, _, _ = scenario(until=lambda lp: lp.s.chunked_req is None and "p" in lp.first_token_us
+                                  and any(" left chunked prefill" in r.getMessage() for r in caplog.records),
+                                  **kw)
+    (line,) = [r.getMessage() for r in caplog.records if "rid=p left chunked prefill" in r.getMessage()]
+    return line, trace, dict(receipts.counters[dy.NAME])
+
+
+def test_the_online_line_adds_every_chunks_final_plan_and_each_re_plan(install_adapters, caplog):
+    """Online, on a machine whose chunks take 3x the model's time: the prompt's line adds each
+    chunk's final plan (planned = run = the decode steps between its chunks) and counts one re-plan
+    per re-plan point each chunk's plan reached (deferral 2, 8, 32), as the counters do."""
+    from test_decode_yield import _feed_machine, chunk_gaps
+
+    state = install_adapters({"DSV41_DECODE_YIELD": "33", dy.ONLINE_KEY: "1"})[dy.NAME]
+    assert state.status == "installed", state.detail
+    line, trace, c = _prompt_line(caplog, on_step=_feed_machine(3.0, 1.0))
+    gaps = [n for _, n, _ in chunk_gaps(trace)]
+    chunks, planned, run, early = map(int, LINE.search(line).groups())
+    assert (chunks, planned, run, early) == (len(gaps), sum(gaps), sum(gaps), 0), (line, gaps)
+    replans = sum(1 for n in gaps for point in (2, 8, 32) if point <= n)
+    assert f"; {replans} plans redone from the chunk's measured time" in line, (line, gaps)
+    assert c["online_replans"] == replans and c["steps_planned"] == sum(gaps)
+    assert len(gaps) >= 2 and any(n >= 8 for n in gaps), gaps
+
+
+def test_the_line_counts_every_capped_chunk_of_a_fitted_model(install_adapters, caplog):
+    """A fitted model whose chunks are worth far more than 128 decode steps: every non-final chunk
+    is capped, and the line counts each of them."""
+    from test_decode_yield import chunk_gaps
+
+    model = "0,1000000000,0,1,0,0"                  # 1 s per prompt token, a decode step 1 us
+    state = install_adapters({"DSV41_DECODE_YIELD": "33", dy.MODEL_KEY: model})[dy.NAME]
+    assert state.status == "installed", state.detail
+    line, trace, _ = _prompt_line(caplog)
+    gaps = [n for _, n, _ in chunk_gaps(trace)]
+    assert len(gaps) >= 2 and all(n == dy.MAX_STEPS for n in gaps), gaps
+    assert line.endswith(f"; {len(gaps)} of {len(gaps)} chunks capped at 128 steps"), line
+
+
+def test_a_failed_re_plan_is_contained_and_the_step_still_defers(install_adapters, monkeypatch, caplog):
+    """An exception inside the re-plan (planted in its agreement of the readings): one fallback
+    line naming it, the yield state dropped, the scheduler's step goes on (the prompt finishes)."""
+    from test_decode_yield import _feed_machine
+
+    state = install_adapters({"DSV41_DECODE_YIELD": "33", dy.ONLINE_KEY: "1"})[dy.NAME]
+    assert state.status == "installed", state.detail
+    real = dy.agree
+
+    def agree(values):
+        if len(values) == 2:                         # the re-plan's [chunk, step] readings
+            raise LookupError("planted")
+        return real(values)
+
+    monkeypatch.setattr(dy, "agree", agree)
+    receipts.forget(dy.NAME)
+    from test_decode_yield import scenario
+
+    scenario(on_step=_feed_machine(3.0, 1.0))
+    c = receipts.counters[dy.NAME]
+    assert c["fallback:internal error (LookupError); yield state dropped, stock interval kept"] >= 1
+    assert c["online_replans"] == 0
+
+
+def test_the_installed_line_states_the_online_calibration(install_adapters):
+    state = install_adapters({"DSV41_DECODE_YIELD": "33", dy.ONLINE_KEY: "1"})[dy.NAME]
+    assert state.detail.endswith(
+        "(DSV41_DECODE_YIELD_MODEL unset); online calibration: chunk and decode step times from the "
+        "engine's own step timings (the model level-scaled at each non-final chunk, the plan redone "
+        "from the chunk's measured time once it ran), agreed over the attention-TP group "
+        "(DSV41_DECODE_YIELD_ONLINE=1)"), state.detail
+    state = install_adapters({"DSV41_DECODE_YIELD": "33"})[dy.NAME]
+    assert state.detail.endswith("(DSV41_DECODE_YIELD_MODEL unset)"), state.detail
