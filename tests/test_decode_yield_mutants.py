@@ -56,22 +56,22 @@ def test_batches_are_summed_per_window_and_since_boot_with_the_given_model():
     decode = _batch(ForwardMode.DECODE, _reqs(3))
     # the pass: 1,000 + 2 x 150 = 1,300 us; a step of 3 rows: 500 + 300 = 800 us (MODEL, not the
     # cluster constants: 20,000 + 65 x 150 and 60,000 + 3 x 3,000 + ...)
-    for b in (extend, decode, decode):
+    for b in (extend, decode, extend, decode):
         ol.note_batch(b, MODEL)
-    assert (ol.win_extend_us, ol.win_steps_us, ol.win_steps) == (1_300, 1_600, 2)
-    assert (ol.all_extend_us, ol.all_steps_us, ol.all_steps) == (1_300, 1_600, 2)
+    assert (ol.win_extend_us, ol.win_steps_us, ol.win_steps) == (2_600, 1_600, 2)
+    assert (ol.all_extend_us, ol.all_steps_us, ol.all_steps) == (2_600, 1_600, 2)
     first = (400, 6, 240.0)
     ol.close_window(first)
     # readings of the closing window: [prefill, mean step] in it, and since the calibration began
-    assert ol.closing == ([300, 50, 300, 50], (1_300, 1_600, 2, 1_300, 1_600, 2))
+    assert ol.closing == ([300, 50, 300, 50], (2_600, 1_600, 2, 2_600, 1_600, 2))
     assert ol.start == first and (ol.win_extend_us, ol.win_steps_us, ol.win_steps) == (0, 0, 0)
     for b in (extend, decode):
         ol.note_batch(b, MODEL)
     assert (ol.win_extend_us, ol.win_steps_us, ol.win_steps) == (1_300, 800, 1)
-    assert (ol.all_extend_us, ol.all_steps_us, ol.all_steps) == (2_600, 2_400, 3)
+    assert (ol.all_extend_us, ol.all_steps_us, ol.all_steps) == (3_900, 2_400, 3)
     ol.close_window((1_000, 10, 640.0))
     # this window from `first`: 600 us of prefill, 4 steps in 400 us; since boot 900 us, 8 in 600
-    assert ol.closing == ([600, 100, 900, 75], (1_300, 800, 1, 2_600, 2_400, 3))
+    assert ol.closing == ([600, 100, 900, 75], (1_300, 800, 1, 3_900, 2_400, 3))
     ol.close_window(None)                   # a scheduler without step counters: no readings
     assert ol.closing[0] == [0, 0, 0, 0] and ol.start is None
 
