@@ -336,3 +336,8 @@ def test_the_installed_line_states_the_online_calibration(install_adapters):
         "(DSV41_DECODE_YIELD_ONLINE=1)"), state.detail
     state = install_adapters({"DSV41_DECODE_YIELD": "33"})[dy.NAME]
     assert state.detail.endswith("(DSV41_DECODE_YIELD_MODEL unset)"), state.detail
+
+
+def test_a_model_with_the_squared_prefix_term_prints_seven_integers():
+    assert dy.CostModel(1, 2, 3, 4, 5, 6, 7).value() == "1,2,3,4,5,6,7"
+    assert dy.CostModel(1, 2, 3, 4, 5, 6).value() == "1,2,3,4,5,6"
