@@ -781,9 +781,12 @@ def _hooks(env):
 
 
 def _sched(chunked, min_bs=0, interval=1):
-    return types.SimpleNamespace(chunked_req=chunked, require_mlp_sync=False, dllm_config=None,
-                                 prefill_decode_interval_min_bs=min_bs,
-                                 prefill_decode_interval=interval)
+    """The engine's Scheduler as the sim builds it (small pools: the hooks read its chunked
+    request, interval, min_bs and feature switches), with `chunked` as its chunked request."""
+    s = sim.build_scheduler(chunk=CHUNK, req_slots=8, full_tokens=4 * CHUNK, swa_tokens=2 * CHUNK,
+                            interval=interval, min_bs=min_bs)
+    s.chunked_req = chunked
+    return s
 
 
 def _extend_batch(reqs, extend=(4096,), prefix=(8192,), mode=True, decoding=None):
@@ -796,12 +799,13 @@ def _plan(batch, rows):
 
 
 @pytest.fixture
-def pp1(monkeypatch):
-    """The published topology the yield reads (pp_size): one pipeline stage."""
-    import sglang.srt.runtime_context as rc
+def pp1():
+    """The published topology the yield reads (pp_size): one pipeline stage, set on the engine's
+    own parallel context for the test (`get_parallel().override`)."""
+    from sglang.srt.runtime_context import get_parallel
 
-    monkeypatch.setattr(rc, "get_parallel", lambda: types.SimpleNamespace(pp_size=1))
-    return rc
+    with get_parallel().override(pp_size=1):
+        yield get_parallel
 
 
 def _armed_steps(env, rows, decoding=None, min_bs=0):
@@ -950,10 +954,11 @@ def test_dllm_and_pipeline_parallel_keep_the_stock_interval(pp1, monkeypatch, at
     p = _r("p")
     s = _sched(p)
     if attr == "pp_size":
-        monkeypatch.setattr(pp1, "get_parallel", lambda: types.SimpleNamespace(pp_size=value))
+        with pp1().override(pp_size=value):
+            arm_hook(lambda self, b: None, s, _extend_batch([p]))
     else:
         setattr(s, attr, value)
-    arm_hook(lambda self, b: None, s, _extend_batch([p]))
+        arm_hook(lambda self, b: None, s, _extend_batch([p]))
     assert _dy_state(s) is None
     assert receipts.counters[dy.NAME][f"fallback:{reason}"] == 1
 

@@ -137,6 +137,31 @@ def test_ints_key_errors_name_the_field(raw, message):
     assert str(info.value).startswith(message), str(info.value)
 
 
+def test_ints_key_takes_all_its_fields_and_no_more():
+    s = keys.parse_env({MODEL: "1,2,3,4,5,6,7"})                # all seven: the squared-prefix term
+    assert s.get(MODEL) == (1, 2, 3, 4, 5, 6, 7)
+    with pytest.raises(keys.ConfigError, match=r"expected 6 or 7 comma-separated integers"):
+        keys.parse_env({MODEL: "1,2,3,4,5,6,7,8"})
+
+
+def test_an_ints_key_without_optional_fields_names_one_count():
+    """A key whose every field is required (no min_fields) names that one count."""
+    key = keys.Key("DSV41_X", "ints", "decode_yield", doc="two", fields=(("A", 0, 9), ("B", 0, 9)))
+    assert keys._parse_ints(key, "3, 4") == (3, 4)
+    for raw in ("3", "3,4,5"):
+        with pytest.raises(keys.ConfigError) as info:
+            keys._parse_ints(key, raw)
+        assert str(info.value) == f"DSV41_X={raw!r}: expected 2 comma-separated integers A,B (two)"
+
+
+def test_test_only_keys_are_those_set_and_marked_test_only():
+    env = {"DSV41_ADMIN_GUARD_TEST": "1", "DSV41_SWA_CONE_TEST": "1", "DSV41_SWA_THIN": "1"}
+    assert [k.name for k in keys.test_only_keys(env)] == ["DSV41_SWA_CONE_TEST", "DSV41_ADMIN_GUARD_TEST"]
+    assert keys.test_only_keys({"DSV41_SWA_THIN": "1"}) == []
+    marked = {k.name for k in keys.KEYS if k.test_only}
+    assert {k.name for k in keys.test_only_keys({name: "1" for name in marked})} == marked
+
+
 def test_two_bad_keys_are_both_reported():
     with pytest.raises(keys.ConfigError) as info:
         keys.parse_env({"DSV41_SWA_THIN": "2", "DSV41_DECODE_YIELD": "0"})

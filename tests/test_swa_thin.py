@@ -38,11 +38,11 @@ def _has_swa(cache, node_id) -> bool:
     return node.component_data[ComponentType.SWA].value is not None
 
 
-def _window(cache, node_id):
+def _window(cache, node_id, span=128 + 256):
     """Node ids of the checkpoint window ending at node_id, defined by token positions, not by
-    thin's own walk: the nodes on the root path whose tokens reach into the last window + one
-    page of that path (the span the engine refreshes at MATCH_END / INSERT_END:
-    SWAComponent.refresh_lru, sliding_window_size + page_size)."""
+    thin's own walk: the nodes on the root path whose tokens reach into the last `span` tokens of
+    that path (by default the window + one page: the span the engine refreshes at MATCH_END /
+    INSERT_END, SWAComponent.refresh_lru, sliding_window_size + page_size)."""
     core = cache.tree_core
     path, node = [], core.node_by_id(node_id)
     while node is not None and not core.is_root(node.id):
@@ -50,7 +50,7 @@ def _window(cache, node_id):
         node = node.parent
     path.reverse()                                   # root .. node
     end = sum(len(n.key) for n in path)
-    start, pos, out = end - (128 + 256), 0, []
+    start, pos, out = end - span, 0, []
     for n in path:
         pos += len(n.key)                            # n covers [pos - len, pos)
         if pos > start:
@@ -436,23 +436,29 @@ def test_the_hook_passes_the_engines_arguments_and_needs_no_lock():
     assert c["hooked_inserts"] == 2 and c["checkpoints_passed"] == 0 and not _fallbacks()
 
 
-class _Node:
-    def __init__(self, n, parent):
-        self.key, self.parent = [0] * n, parent
-
-
-@pytest.mark.parametrize("span, depth", [(257, 2), (512, 2), (513, 3), (10_000, 3)])
-def test_window_nodes_cover_the_span_and_stop_at_the_root(span, depth):
-    import types
-
+def test_window_nodes_cover_the_span_and_stop_at_the_root(install_adapters):
+    """thin's window walk on the real tree (two sessions' chunk checkpoints, the engine's nodes of
+    whatever lengths its inserts left): for each checkpoint and for spans at the nodes' own
+    boundaries (a node's length, one token more, two nodes, to past the root), the nodes walked
+    are those the token positions give (`_window`: every node on the root path reaching into the
+    last `span` tokens), deepest first, and the walk stops at the root."""
     from adapter import swa_thin
 
-    root = _Node(0, None)
-    chain = [root]
-    for _ in range(3):
-        chain.append(_Node(256, chain[-1]))
-    core = types.SimpleNamespace(root_node=root)
-    assert swa_thin._window_nodes(core, chain[-1], span) == chain[:-depth - 1:-1]
+    install_adapters(THIN)
+    cpu = _build(backend="python")
+    _, _, nodes = _two_sessions(cpu)
+    core = cpu.cache.tree_core
+    checked = 0
+    for node_id in [n for name in ("S", "T") for n in nodes[name]]:
+        node = core.node_by_id(node_id)
+        first = len(node.key)
+        second = first + (len(node.parent.key) if not core.is_root(node.parent.id) else 0)
+        for span in (first, first + 1, second, second + 1, 10**9):
+            got = [n.id for n in swa_thin._window_nodes(core, node, span)]
+            assert got == _window(cpu.cache, node_id, span), (node_id, span)
+            checked += 1
+        assert all(not core.is_root(i) for i in got)
+    assert checked >= 50
 
 
 def _stand_in_cache(core, window=128, **kw):

@@ -124,17 +124,29 @@ def test_the_fitted_model_plans_more_yield_for_the_same_prompt(calibration):
     assert f_planned > c_planned
 
 
+def _model_steps(model, chunk: int, prefix: int, rows: int, context: int, interval: int) -> int:
+    """The steps after one chunk, computed here from the rule as docs/decode_yield.md and the key's
+    doc state it (not with decode_yield's own cost functions): the pass's modelled time
+    chunk_fixed + L x tok/1000 + L x (P + L/2) x pair/1e6 + P^2 x sq/1e6 microseconds (integer
+    divisions), a decode step's step_fixed + rows x row + context x ctx/1e6, and
+    steps = ceil(pct x pass / ((100 - pct) x step)) clamped to [interval, 128]."""
+    (chunk_fixed, tok_ns, pair_ps, step_fixed, row_us, ctx_ps, *rest) = tuple(model)
+    sq_ps = rest[0] if rest else 0
+    pass_us = (chunk_fixed + chunk * tok_ns // 1000 + chunk * (prefix + chunk // 2) * pair_ps // 1_000_000
+               + prefix * prefix * sq_ps // 1_000_000)
+    step_us = max(step_fixed + rows * row_us + context * ctx_ps // 1_000_000, 1)
+    steps = -(-SHARE * pass_us // ((100 - SHARE) * step_us))
+    return max(min(steps, 128), interval, 1)
+
+
 def planned_range(model, chunks: int) -> tuple[int, int]:
-    """The decode steps decode_yield's planner gives the cadence prompt's first `chunks` chunks
+    """The decode steps the planner should give the cadence prompt's first `chunks` chunks
     (4,096 tokens each after i x 4,096 cached; the pass holds that chunk alone) beside two streams
     whose contexts are between their 32-token prompts and 32 + STREAM_TOKENS."""
     chunk = int(_args()["--chunked-prefill-size"])
     interval = int(_args().get("--prefill-decode-interval") or 1)
     low = high = 0
     for i in range(chunks):
-        pass_us = decode_yield.pass_cost_us([chunk], [i * chunk], model)
-        cheap = decode_yield.step_cost_us(2, 2 * 32, model)        # fewest context tokens: most steps
-        dear = decode_yield.step_cost_us(2, 2 * (32 + traffic.STREAM_TOKENS), model)
-        low += decode_yield.yield_steps(SHARE, pass_us, dear, interval)
-        high += decode_yield.yield_steps(SHARE, pass_us, cheap, interval)
+        low += _model_steps(model, chunk, i * chunk, 2, 2 * (32 + traffic.STREAM_TOKENS), interval)
+        high += _model_steps(model, chunk, i * chunk, 2, 2 * 32, interval)   # fewest tokens: most steps
     return low, high

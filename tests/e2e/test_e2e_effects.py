@@ -10,6 +10,7 @@ SHARED_BOOTS = [("dense", "autotune_keep"), ("dense", "decode_yield"), ("dense",
 
 YIELD_LINE = re.compile(r"\[dsv41\] decode_yield rid=\S+ left chunked prefill: (\d+) chunks yielded, "
                         r"(\d+) decode steps planned, (\d+) run, (\d+) ended early")
+REDONE = re.compile(r"; (\d+) plans redone from the chunk's measured time")
 PREFILL_LINE = re.compile(r"Prefill batch.*#new-token: (?P<new>\d+),.*#pending-token: (?P<pending>\d+)")
 CHUNK = 4096                                # dense: --chunked-prefill-size (canary.MODEL_ARGS)
 PREFILL = canary.CADENCE_PREFILL["dense"]   # the cadence prompt: 12,288 tokens
@@ -185,23 +186,31 @@ def test_decode_yield_decides_beside_a_chunked_prefill_on_dsv41(boots):
     while a 2054-token prompt prefills in three passes: the yield arms after each of the two
     non-final chunks (one decision line for the prompt). The cluster cost model alone plans 1 step
     for a 1024-token chunk here (its modelled cost is below one decode step's 67/33 share), the
-    stock interval; with DSV41_DECODE_YIELD_ONLINE (the production line) the plans are redone from
-    each chunk's measured time, and a CPU chunk of the tiny DeepSeek-V4 is worth many of its
-    decode steps (seconds against ~0.05-0.15 s), so the plan holds more than the re-plan floor of
-    2 per chunk. The share itself is the canary's figure (a time ratio, not asserted here)."""
-    run = boots.config("dsv41", "production")
+    stock interval; with DSV41_DECODE_YIELD_ONLINE (the production line) each chunk's plan is at
+    least the re-plan point (2 steps) and is redone there from the chunk's measured time, once per
+    chunk: that is server state (the decision line's counts), asserted. How many steps the
+    measured time is worth is a time ratio of this machine (on an idle one a CPU chunk of the tiny
+    DeepSeek-V4.1 is worth many decode steps): printed here, its effect on the share is the canary's
+    figure, and the re-plan's arithmetic on given measurements is tests/test_decode_yield.py's
+    (test_online_calibration_lands_the_share_where_the_model_is_off)."""
+    stock, run = boots.config("dsv41", "autotune_keep"), boots.config("dsv41", "production")
     decisions = [tuple(map(int, m.groups())) for ln in run.dsv41_lines("decode_yield", "sglang::scheduler")
                  for m in [YIELD_LINE.search(ln)] if m]
     print(f"\ndecode_yield decisions (all of the boot's traffic): {decisions}")
-    # the beside-scenario's prompt is among them: two chunks yielded, each plan redone from the
-    # chunk's measured time, every planned step run
-    beside = [d for d in decisions if d[0] == 2 and d[3] == 0]
-    assert beside and all(planned == ran and planned > 2 * 2 for _, planned, ran, _ in beside), decisions
-    assert all(ran + early <= planned for _, planned, ran, early in decisions), decisions
+    # the beside-scenario's prompt is among them: two chunks yielded, every planned step run, each
+    # chunk's plan at least the re-plan point (online: REPLAN_AT[0] = 2 steps) and redone there
+    # from the chunk's measured time (a plan of 8 or more steps is redone at its 8th deferral too)
     lines = run.dsv41_lines("decode_yield", "sglang::scheduler")
+    redone = {tuple(map(int, m.groups())): int(r.group(1)) for ln in lines
+              for m in [YIELD_LINE.search(ln)] for r in [REDONE.search(ln)] if m and r}
+    beside = [d for d in decisions if d[0] == 2 and d[3] == 0]
+    assert beside and all(planned == ran and planned >= 2 * 2 for _, planned, ran, _ in beside), decisions
+    assert all(redone.get(d, 0) >= d[0] for d in beside), (beside, redone)
+    assert all(ran + early <= planned for _, planned, ran, early in decisions), decisions
     assert any("DSV41_DECODE_YIELD_ONLINE=1" in ln for ln in lines if " installed:" in ln), lines
-    assert any("plans redone from the chunk's measured time" in ln for ln in lines if " rid=" in ln), lines
+    print(f"steps planned per yielded chunk (from this machine's measured chunk / step times): "
+          f"{[planned / chunks for chunks, planned, _, _ in beside]}")
     assert not stock.dsv41_lines("decode_yield")
     cmp = traffic.compare([stock.beside["stream"], stock.beside["prompt"]],
-                          [run.beside["stream"], run.beside["prompt"]])
+                          [run.beside["stream"], run.beside["prompt"]], tol=canary.LOGPROB_TOL["dsv41"])
     assert cmp.ok, cmp

@@ -579,22 +579,52 @@ def _issue41_send(server, path, body, timeout=60):
 
 
 def _issue41_rid_drop(server) -> tuple[bool, str]:
-    """Client A runs rid "job-7-long" (RID_DROP_TOKENS tokens); client B streams rid "job-7" and
-    drops its connection: A must get all its tokens."""
+    """Client A streams rid "job-7-long" (RID_DROP_TOKENS tokens); once A's first tokens arrived
+    (A has been prefilled: it is in the scheduler's running batch, server state read from A's own
+    stream, not a sleep), client B streams rid "job-7" and drops its connection: A must get all
+    its tokens. A that had ended before B dropped proves nothing (stock's prefix abort would have
+    found nothing to take either): the case fails then too."""
+    import json
+    import threading
+
+    first, ended, a = threading.Event(), threading.Event(), {"last": None}
+
+    def client_a():
+        try:
+            with requests.post(server.url + "/generate", json={
+                    **_gen(traffic.token_ids(41, 32), RID_DROP_TOKENS), "rid": "job-7-long",
+                    "stream": True}, stream=True, timeout=(10, 600)) as resp:
+                a["status"] = resp.status_code
+                for raw in resp.iter_lines():
+                    if raw.startswith(b"data:") and raw[5:].strip() != b"[DONE]":
+                        a["last"] = json.loads(raw[5:])
+                        first.set()
+        except (requests.RequestException, ValueError) as exc:
+            a["status"] = f"no answer ({type(exc).__name__})"
+        finally:
+            ended.set()
+            first.set()
+
     with cf.ThreadPoolExecutor(1) as pool:
-        a = pool.submit(requests.post, server.url + "/generate", json={
-            **_gen(traffic.token_ids(41, 32), RID_DROP_TOKENS), "rid": "job-7-long"}, timeout=600)
-        time.sleep(1.0)
-        with requests.post(server.url + "/generate", json={**_gen(traffic.token_ids(42, 32), 160),
-                           "rid": "job-7", "stream": True}, stream=True, timeout=300) as b:
-            seen = 0
-            for raw in b.iter_lines():
-                seen += raw.startswith(b"data:")
-                if seen >= 3:
-                    break
-        resp = a.result(timeout=600)
-    got = len(resp.json().get("output_ids", [])) if resp.ok else 0
-    return resp.ok and got == RID_DROP_TOKENS, f"A: {resp.status_code}, {got} of {RID_DROP_TOKENS} tokens"
+        done = pool.submit(client_a)
+        first.wait(timeout=600)                  # a bound: A's first tokens, or A's end
+        a_running = not ended.is_set()
+        if a_running:
+            with requests.post(server.url + "/generate", json={**_gen(traffic.token_ids(42, 32), 160),
+                               "rid": "job-7", "stream": True}, stream=True, timeout=300) as b:
+                seen = 0
+                for raw in b.iter_lines():
+                    seen += raw.startswith(b"data:")
+                    if seen >= 3:
+                        break
+            a_running = not ended.is_set()       # A still ran when B dropped
+        done.result(timeout=900)
+    last = a["last"] if isinstance(a["last"], dict) else {}
+    got = last.get("meta_info", {}).get("completion_tokens", 0)
+    reason = last.get("meta_info", {}).get("finish_reason")
+    outcome = (f"A: {a.get('status')}, {got} of {RID_DROP_TOKENS} tokens, finish {reason}"
+               + ("" if a_running else "; A had ended before B dropped (proves nothing)"))
+    return a.get("status") == 200 and got == RID_DROP_TOKENS and a_running, outcome
 
 
 def _issue41_grammar_beside_stream(server) -> tuple[bool, str]:

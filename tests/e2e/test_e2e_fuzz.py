@@ -8,12 +8,15 @@ top-p and min-p, where the route takes them; issue 41), while a second client st
 requests beside the fuzz (each must get all its tokens), through its Hypothesis strategies: the fuzzing phase only, with a fixed seed (its
 examples and coverage phases spend minutes generating for the engine's request schemas before they
 send anything; its negative mode up to a minute per body). Each body is sent on its own, one after the
-other, to 127.0.0.1 only, with a time limit per request, until FUZZ_S seconds or MAX_REQUESTS
-requests are spent, or the server dies. Then, asserted:
+other, to 127.0.0.1 only, with a time limit per request (a stream still answering then is cut and
+recorded, not failed), route by route, until PER_ROUTE bodies went to every route (a request
+count, the same on any machine: no wall-clock budget), or the server dies. Then, asserted:
 
-  every process of the boot (launcher, scheduler, detokenizer) alive, /health 200, the greedy
-  probes (token ids and logprobs) equal to the ones before the fuzz, no scheduler exception in
-  its log.
+  every process of the boot (launcher, scheduler, detokenizer) alive, /health 200, every route
+  got its PER_ROUTE bodies, each plain stream beside the fuzz got all its tokens (a stream still
+  in flight is waited for while the server is alive and holds a request; one the server no longer
+  holds is a hang: server state, not a read timeout), the greedy probes (token ids and logprobs)
+  equal to the ones before the fuzz, no scheduler exception in its log.
 
 Reported, not asserted: the same bodies, in the same order, replayed on stock (no DSV41 keys, the
 control line's launch args) within STOCK_S seconds and STOCK_BOOTS boots (a dead stock is booted
@@ -35,6 +38,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import time
 
 import hypothesis
@@ -64,8 +68,8 @@ ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions", "/v1/messages"
 TOP_K_EDGES = (-1, 0, 2**31 - 1, 2**31, 2**40)
 BESIDE_TOKENS = 48          # the plain stream beside the fuzz: each must get all its tokens
 SEED = 20261230
-FUZZ_S = 150.0              # the production fuzz loop (generation + requests)
-MAX_REQUESTS = 1500         # and at most this many requests
+PER_ROUTE = 8               # bodies sent to each route, route by route (16 x 8 requests)
+REQUESTS = PER_ROUTE * len(ROUTES)
 REQUEST_S = 20.0            # one request: connect + the whole answer (a stream is cut there)
 DEATH_WAIT_S = 3.0          # after no answer: how long a dying server gets to show it (its
                             # scheduler's death takes the launcher down: the request gets no
@@ -266,49 +270,53 @@ def with_sampling(case, sampling: dict, named: dict | None = None):
     return case
 
 
-def fuzz_strategy(openapi: dict):
-    """One strategy per route (each route drawn as often), bodies that fit the route's schema:
-    schemathesis's negative mode spends up to a minute generating one body for these schemas,
-    and what does not fit the schema gets the engine's own 400 before any handler runs."""
+def fuzz_strategy(openapi: dict) -> dict:
+    """One strategy per route, bodies that fit the route's schema: schemathesis's negative mode
+    spends up to a minute generating one body for these schemas, and what does not fit the schema
+    gets the engine's own 400 before any handler runs."""
     schema = schemathesis.openapi.from_dict(openapi, config=schemathesis.Config())
     found = {op.ok().path: op.ok() for op in schema.include(path=list(ROUTES), method="POST")
              .get_all_operations()}
     assert sorted(found) == sorted(ROUTES), sorted(found)   # every route is in the server's schema
-    cases = st.one_of(*[found[r].as_strategy(GenerationMode.POSITIVE) for r in ROUTES])
-    return st.tuples(cases, sampling_strategy(), named_options_strategy()).map(
-        lambda args: with_sampling(*args))
+    return {r: st.tuples(found[r].as_strategy(GenerationMode.POSITIVE), sampling_strategy(),
+                         named_options_strategy()).map(lambda args: with_sampling(*args))
+            for r in ROUTES}
 
 
 class _Stop(Exception):
-    """Ends the Hypothesis run: the budget is spent or the server died."""
+    """Ends the Hypothesis run: every route got its bodies or the server died."""
 
 
-def fuzz(boot: Boot, strategy) -> tuple[list[Sent], Death | None]:
-    """Generate and send until FUZZ_S / MAX_REQUESTS are spent or the server dies."""
+def fuzz(boot: Boot, strategies: dict) -> tuple[list[Sent], Death | None]:
+    """Generate and send, route by route, until each route got PER_ROUTE bodies or the server
+    dies: a request count, so a loaded machine sends the same bodies as an idle one, only slower.
+    One Hypothesis run per route (its own seed): the strategy a run draws from must not depend on
+    what was sent before (Hypothesis replays its examples and refuses data that does)."""
     sent: list[Sent] = []
-    state: dict = {"death": None, "end": time.monotonic() + FUZZ_S}
+    state: dict = {"death": None}
 
-    @hypothesis.seed(SEED)
-    @hypothesis.settings(max_examples=MAX_REQUESTS, deadline=None, database=None,
-                         phases=[Phase.generate], suppress_health_check=list(HealthCheck),
-                         verbosity=Verbosity.quiet, report_multiple_bugs=False)
-    @hypothesis.given(case=strategy)
-    def one(case):
-        # The budget ends the run once every route got a body: on a loaded machine fewer bodies
-        # fit in FUZZ_S and a route could go without one (seen: 2 of 16); FUZZ_S more at most.
-        now = time.monotonic()
-        covered = {s.route for s in sent} >= set(ROUTES)
-        if (state["death"] or len(sent) >= MAX_REQUESTS or (now > state["end"] and covered)
-                or now > state["end"] + FUZZ_S):
-            raise _Stop
-        s = send(boot.server, case.formatted_path, body_of(case))
-        sent.append(s)
-        if boot.died_on(s):
-            state["death"] = Death(s, boot.exception(), 1)
-            raise _Stop
+    def run(i: int, route: str) -> None:
+        @hypothesis.seed(SEED + i)
+        @hypothesis.settings(max_examples=10 * PER_ROUTE, deadline=None, database=None,
+                             phases=[Phase.generate], suppress_health_check=list(HealthCheck),
+                             verbosity=Verbosity.quiet, report_multiple_bugs=False)
+        @hypothesis.given(case=strategies[route])
+        def one(case):
+            if state["death"] or sum(s.route == route for s in sent) >= PER_ROUTE:
+                raise _Stop
+            s = send(boot.server, case.formatted_path, body_of(case))
+            sent.append(s)
+            if boot.died_on(s):
+                state["death"] = Death(s, boot.exception(), 1)
+                raise _Stop
 
-    with contextlib.suppress(_Stop):
-        one()
+        with contextlib.suppress(_Stop):
+            one()
+
+    for i, route in enumerate(ROUTES):
+        run(i, route)
+        if state["death"]:
+            break
     return sent, state["death"]
 
 
@@ -359,9 +367,28 @@ def replay_on_stock(bodies: list[tuple], tmp: pathlib.Path) -> dict:
     return out
 
 
+def holds_requests(boot: "Boot") -> bool:
+    """Whether the server reports a request running or queued (the engine's own gauges,
+    --enable-metrics); False when it does not answer."""
+    try:
+        text = requests.get(boot.server.url + "/metrics", timeout=(10, 60)).text
+    except requests.RequestException:
+        return False
+    return any(float(m.group(1)) > 0 for m in re.finditer(
+        r"^sglang:num_(?:running|queue)_reqs(?:\{[^}]*\})? ([-+0-9.eE]+)$", text, re.M))
+
+
+IDLE_POLLS = 20             # a stream in flight while the server holds no request for this many
+                            # polls in a row (one a second) is a hang: its end is not coming
+
+
 class Beside:
     """A second client streaming plain greedy requests back to back while the fuzz runs: each
-    must get all its tokens (a fuzz body must not kill, hang or cut another client's stream)."""
+    must get all its tokens (a fuzz body must not kill, hang or cut another client's stream).
+    A stream has no read timeout: the one in flight when the fuzz ends is waited for while the
+    server is alive and reports a request running or queued (server state, whatever the
+    machine's speed); it is a hang once the server holds no request and the stream has not
+    ended, and a failure when the server died."""
 
     def __init__(self, server: CpuServer):
         import threading
@@ -384,7 +411,7 @@ class Beside:
             try:
                 got, last = 0, None
                 with requests.post(self.server.url + "/generate", json=body, stream=True,
-                                   timeout=(10, 120)) as resp:
+                                   timeout=(10, None)) as resp:
                     for raw in resp.iter_lines():
                         if raw.startswith(b"data:") and raw[5:].strip() != b"[DONE]":
                             last = json.loads(raw[5:])
@@ -396,10 +423,23 @@ class Beside:
                 if self._stop.wait(1.0):
                     return
 
-    def stop(self) -> list:
+    def stop(self, boot: "Boot") -> list:
         self._stop.set()
-        self._thread.join(timeout=180)
-        return self.results
+        idle = 0
+        while self._thread.is_alive():
+            self._thread.join(timeout=1.0)
+            if not self._thread.is_alive():
+                break
+            if boot.dead():
+                self._thread.join(timeout=DEATH_WAIT_S)     # its connection error, if it comes
+                if self._thread.is_alive():
+                    self.results.append((f"no answer (server died: {boot.dead()})", 0))
+                break
+            idle = 0 if holds_requests(boot) else idle + 1
+            if idle >= IDLE_POLLS:
+                self.results.append(("hung: in flight while the server held no request", 0))
+                break
+        return list(self.results)
 
 
 @pytest.fixture(scope="module")
@@ -417,7 +457,7 @@ def runs(tmp_path_factory):
         try:
             out["sent"], out["death"] = fuzz(prod, fuzz_strategy(openapi))
         finally:
-            out["beside"] = beside.stop()
+            out["beside"] = beside.stop(prod)
         out["fuzz_s"] = time.monotonic() - began
         out["dead"] = prod.dead()
         out["healthy"] = not out["dead"] and prod.healthy()
@@ -483,7 +523,8 @@ def test_production_survives_the_fuzz_stock_reported(runs, capsys):
     assert runs["death"] is None, (runs["death"].sent.show(), runs["death"].exception)
     assert not runs["dead"], runs["dead"]
     assert runs["healthy"]
-    assert {s.route for s in runs["sent"]} == set(ROUTES)
+    per_route = collections.Counter(s.route for s in runs["sent"])
+    assert per_route == {r: PER_ROUTE for r in ROUTES}, per_route
     beside = runs["beside"]
     assert beside and all(r == (200, BESIDE_TOKENS) for r in beside), beside
     cmp = traffic.compare(runs["before"], runs["after"])

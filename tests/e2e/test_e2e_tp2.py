@@ -27,9 +27,12 @@ SHARED_BOOTS = [("dense", "stock")]
 # Three 4,096-token chunks (two yields on each rank) are enough for the ranks to show they decide
 # alike; the single-rank boots run the same prompt (canary.CADENCE_PREFILL).
 CADENCE_PREFILL = 12288
-# The grammar step bound on this boot: low enough that the ambiguous grammar crosses it on any
-# machine within its 400 steps (its per-step cost grows with every token), so both ranks must act.
+# The grammar step bound on this boot, and the planted grammar step over it: the CPU harness makes
+# each of xgrammar's accept_token calls sleep PLANTED_STEP_MS first (adapter/cpu/grammar_step.py,
+# DSV41CPU_GRAMMAR_STEP_MS, on both nodes), so every grammar step the guard times takes at least
+# that long on any machine, fast or loaded, and both ranks must act at the first agreed step.
 GRAMMAR_STEP_MS = "5"
+PLANTED_STEP_MS = "20"
 
 
 def _grammar_then_probe(server) -> dict:
@@ -63,7 +66,8 @@ def test_production_line_on_two_nodes_agrees_across_them_and_equals_stock(boots,
     run = canary.run_config("dense", keys, {**PROD_ARGS, "--tp-size": "2"}, nodes=2,
                             scenarios=("equality", "cadence"), name="dense production 2 nodes",
                             cadence_prefill=CADENCE_PREFILL, on_server=_grammar_then_probe,
-                            extra_env={"DSV41CPU_AUTOTUNE_AGREE": str(tmp_path / "autotune")},
+                            extra_env={"DSV41CPU_AUTOTUNE_AGREE": str(tmp_path / "autotune"),
+                                       "DSV41CPU_GRAMMAR_STEP_MS": PLANTED_STEP_MS},
                             progress=lambda msg: print(f"[e2e] {msg}"))
     assert not run.errors, run.errors
     for adapter in ADAPTERS:

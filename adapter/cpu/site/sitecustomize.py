@@ -12,6 +12,9 @@ then runs the next sitecustomize on sys.path: the repo's own, exactly as product
   5. DSV41CPU_STEP_EXTRA_WORK=<factor> (tests only): after each batch the scheduler works that
      factor of the batch's CPU time, a planted speed regression for `dsv41 gate`
      (adapter/cpu/step_work.py);
+  5a. DSV41CPU_GRAMMAR_STEP_MS=<ms> (tests only): each xgrammar GrammarMatcher.accept_token
+     sleeps that long first, a planted slow grammar step for the input guard's step bound
+     (adapter/cpu/grammar_step.py);
   5b. DSV41CPU_LOG_IDLE_PASSES=1 (tests only): the scheduler logs each idle pass after work, once
      the engine's idle checks ran (adapter/cpu/idle_passes.py);
   6. DSV41CPU_WATCH_IMPORTS=<module>[,<module>] (tests only): when one of them is imported, the
@@ -66,6 +69,11 @@ def _arm():
 
         step_work.factor()          # a bad value ends the process here, not in the scheduler
         wrapt.register_post_import_hook(step_work.apply, step_work.MODULE)
+    if os.environ.get("DSV41CPU_GRAMMAR_STEP_MS"):
+        from adapter.cpu import grammar_step
+
+        grammar_step.step_ms()      # a bad value ends the process here, not in the scheduler
+        wrapt.register_post_import_hook(grammar_step.apply, grammar_step.MODULE)
     if os.environ.get("DSV41CPU_LOG_IDLE_PASSES") == "1":
         from adapter.cpu import idle_passes
 
