@@ -13,7 +13,9 @@ from adapter.tools import traffic
 
 GRAMMAR_TOKENS = 400
 STREAM_TOKENS = 64
-BOUND_MESSAGE = "dsv41 input_guard: this request's grammar took "
+# What the client of a request the step bound finished reads (issue 50: a 400 naming the bound;
+# its fallback line in the scheduler's log still says "took N ms").
+BOUND_MESSAGE = "dsv41 input_guard: this request's grammar exceeded the per-step bound of "
 
 
 @dataclasses.dataclass
