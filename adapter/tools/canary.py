@@ -323,7 +323,7 @@ def run_config(model: str, keys: dict, args: dict, *,
             server.flush_cache()
             say(f"{name or model}: idle session resume after sub-agent turns")
             run.idle = idle(server)
-        if "cadence" in scenarios and model in ("dsv4", "dsv41"):
+        if "cadence" in scenarios and model in DEEPSEEK_MODELS:
             server.flush_cache()
             say(f"{name or model}: a decode stream beside a chunked prefill")
             run.beside = traffic.decode_beside_chunked_prefill(server)
@@ -751,8 +751,8 @@ def agent_plan(model: str, workdir: pathlib.Path) -> dict:
 
     if (model, "canary") not in agent_traffic.SCALES:
         have = ", ".join(m for m, s in agent_traffic.SCALES if s == "canary")
-        why = "no sliding window for thin or cone to act on"
-        return {"skipped": f"not run on the {model} model ({why}; the workload runs on {have})"}
+        return {"skipped": f"not run on the {model} model (no sliding window for thin or cone to act "
+                           f"on; the workload runs on {have})"}
     args, on_server = agent_traffic.canary_setup(model, workdir / model)
     return {"args": args, "on_server": on_server}
 
