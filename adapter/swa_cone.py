@@ -553,7 +553,7 @@ def forward_side() -> Optional[str]:
 # The engine's own SWA bounded replays (DeepSeek-V4.1): ExecFeatures field -> launch flag. Cone
 # declines beside the encoder one and acts beside the decoder one (module docstring).
 ENGINE_REPLAY_FLAGS = (("enable_encoder_swa_bounded_replay", "--enable-encoder-swa-bounded-replay"),)
-DECODER_REPLAY = ("enable_decoder_swa_bounded_replay", "--enable-decoder-swa-bounded-replay")
+DECODER_REPLAY_FIELD = "enable_decoder_swa_bounded_replay"
 
 
 def engine_replay() -> Optional[str]:
@@ -576,7 +576,7 @@ def decoder_replay() -> bool:
     for DeepSeek-V4.1 on CUDA). Cone then ends a first pass that is not the last at F."""
     from sglang.srt.runtime_context import get_exec
 
-    return bool(getattr(get_exec().features, DECODER_REPLAY[0]))
+    return bool(getattr(get_exec().features, DECODER_REPLAY_FIELD))
 
 
 def _contained(step: str, exc: BaseException) -> None:

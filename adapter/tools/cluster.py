@@ -81,10 +81,13 @@ def verdicts(resolved: Mapping, env: Mapping[str, str], enabled: Mapping[str, bo
             continue
         acts, why = True, ""
         if name == "swan":
+            from adapter.swan import routing
+
+            # swan's own first check of every call, on a one-row decode call of that backend
             backend = env.get("SGLANG_SM120_FLASHMLA_BACKEND", "flashinfer")
-            if backend != "flashinfer":
-                acts, why = False, (f"SGLANG_SM120_FLASHMLA_BACKEND={backend}: the engine does not "
-                                    "split pages there, nothing to serve in place")
+            reason = routing.entry_reason(False, backend, True, 1)
+            if reason is not None:
+                acts, why = False, f"SGLANG_SM120_FLASHMLA_BACKEND={backend}: {reason}"
             else:
                 why = ("V4.1 decode on SM12x goes through flash_mla_with_kvcache_sm120's 256 -> "
                        "4 x 64 page split (SGLANG_SM120_FLASHMLA_BACKEND=flashinfer)")
@@ -102,10 +105,13 @@ def verdicts(resolved: Mapping, env: Mapping[str, str], enabled: Mapping[str, bo
             else:
                 why = "V4.1's radix cache is FULL + SWA"
         elif name == "swa_cone":
+            from adapter import swa_cone
+
             tokens = settings.get("DSV41_SWA_CONE_TOKENS")
-            if encoder:
-                acts, why = False, ("--enable-encoder-swa-bounded-replay resolves on: cone declines "
-                                    "beside it (its own replay owns the compress rows)")
+            declined = [flag for field, flag in swa_cone.ENGINE_REPLAY_FLAGS if resolved.get(field)]
+            if declined:
+                acts, why = False, (f"{declined[0]} resolves on: cone declines beside it (its own "
+                                    "replay owns the compress rows)")
             elif chunk is not None and 0 < chunk < tokens:
                 acts, why = False, (f"DSV41_SWA_CONE_TOKENS={tokens} exceeds --chunked-prefill-size "
                                     f"{chunk}: no first pass covers the replay")
