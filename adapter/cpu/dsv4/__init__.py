@@ -89,18 +89,27 @@ def _rebind(module, names: dict) -> list:
     return done
 
 
+def arm(stand_ins: dict, label: str) -> None:
+    """Rebind each engine module's names to the stand-ins when it is imported (or now, if it
+    already is), one `[dsv41-cpu] <label> stand-ins in <module>: ...` line per module rebound.
+    Shared by the V4 stand-ins here and the V4.1 ones (adapter/cpu/dsv41/)."""
+    import wrapt
+
+    for target, names in stand_ins.items():
+        def hook(module, names=names):
+            done = _rebind(module, names)
+            if done:
+                sys.stderr.write(f"[dsv41-cpu] {label} stand-ins in {module.__name__}: "
+                                 f"{', '.join(sorted(done))}\n")
+        wrapt.register_post_import_hook(hook, target)
+
+
 def install() -> None:
     """Arm the stand-ins in this process: each engine module is rebound when it is imported
     (or now, if it already is), and the platform probe answers GB10 (SM120)."""
     import wrapt
 
-    for target, names in _stand_ins().items():
-        def hook(module, names=names):
-            done = _rebind(module, names)
-            if done:
-                sys.stderr.write(f"[dsv41-cpu] dsv4 stand-ins in {module.__name__}: "
-                                 f"{', '.join(sorted(done))}\n")
-        wrapt.register_post_import_hook(hook, target)
+    arm(_stand_ins(), "dsv4")
     wrapt.register_post_import_hook(_sm120, "sglang.srt.runtime_context")
     wrapt.register_post_import_hook(_flashinfer, "sglang.kernels.ops.attention.flash_mla_sm120")
     wrapt.register_post_import_hook(_kv_pool, "sglang.srt.mem_cache.kv_cache_configurator")

@@ -17,8 +17,6 @@ package. See docs/cpu_server.md ("DeepSeek-V4.1").
 """
 from __future__ import annotations
 
-import sys
-
 
 def _stand_ins() -> dict:
     """{engine module: {name: stand-in}}: the defining modules and every module that binds the
@@ -41,27 +39,10 @@ def _stand_ins() -> dict:
     }
 
 
-def _rebind(module, names: dict) -> list:
-    done = []
-    for name, stand_in in names.items():
-        current = module.__dict__.get(name)
-        if current is None or current is stand_in:
-            continue
-        setattr(module, name, stand_in)
-        done.append(name)
-    return done
-
-
 def install() -> None:
     """Arm the V4.1 stand-ins in this process: each engine module is rebound when it is
     imported (or now, if it already is), one `[dsv41-cpu] dsv41 stand-ins in <module>: ...`
-    line per module."""
-    import wrapt
+    line per module (the V4 stand-ins' mechanism: adapter.cpu.dsv4.arm)."""
+    from adapter.cpu import dsv4
 
-    for target, names in _stand_ins().items():
-        def hook(module, names=names):
-            done = _rebind(module, names)
-            if done:
-                sys.stderr.write(f"[dsv41-cpu] dsv41 stand-ins in {module.__name__}: "
-                                 f"{', '.join(sorted(done))}\n")
-        wrapt.register_post_import_hook(hook, target)
+    dsv4.arm(_stand_ins(), "dsv41")
