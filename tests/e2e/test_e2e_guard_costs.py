@@ -3,10 +3,9 @@ every client mistake is a 4xx naming it.
 
 One boot: the production line (tests/e2e/e2e_configs.py PROD_KEYS / PROD_ARGS, the dense model,
 `--enable-metrics` as the suite's production boots; the grammar step bound at 20 ms, below). The engine honours a sampling seed only under
-`--enable-deterministic-inference`, which it refuses on this machine's attention backend
-(torch_native: "only ['ascend', 'fa3', 'fa4', 'flashinfer', 'intel_xpu', 'triton'] attention
-backends are supported for deterministic inference"), so the seed's effect is not measured here
-(docs/input_guard.md). On the line:
+`--enable-deterministic-inference`, which the production line does not set: here a seed is only
+served; its effect (the same seed, the same text on both routes) is measured on a test boot with
+the flag, tests/e2e/test_e2e_seed.py (docs/input_guard.md, "Seeds"). On the line:
 
 - seeds: an Ollama client's `options.seed` answers 200 on both Ollama routes (every seeded Ollama
   request was a TypeError 500), streamed too, as a seeded `/generate` does;

@@ -17,6 +17,10 @@ then runs the next sitecustomize on sys.path: the repo's own, exactly as product
      (adapter/cpu/grammar_step.py);
   5b. DSV41CPU_LOG_IDLE_PASSES=1 (tests only): the scheduler logs each idle pass after work, once
      the engine's idle checks ran (adapter/cpu/idle_passes.py);
+  5c. DSV41CPU_DETERMINISTIC=1 (test boots only): the engine's --enable-deterministic-inference
+     on CPU torch_native: torch_native registered through the engine's own deterministic backend
+     hook, the CPU sgl_kernel murmur hash of its seeded sampler and its batch-invariant mode
+     (Triton GPU kernels) stood in (adapter/cpu/deterministic.py);
   6. DSV41CPU_WATCH_IMPORTS=<module>[,<module>] (tests only): when one of them is imported, the
      process writes "[dsv41-cpu] imported <module> from <file>:<line>" (the importing frame);
   7. DSV41CPU_AUTOTUNE_AGREE=<dir> (tests only): each scheduler runs the engine's autotune cache
@@ -78,6 +82,10 @@ def _arm():
         from adapter.cpu import idle_passes
 
         wrapt.register_post_import_hook(idle_passes.apply, idle_passes.MODULE)
+    if os.environ.get("DSV41CPU_DETERMINISTIC") == "1":
+        from adapter.cpu import deterministic
+
+        deterministic.install()
     if os.environ.get("DSV41CPU_AUTOTUNE_AGREE"):
         from adapter.cpu import autotune_agree
 
