@@ -545,7 +545,8 @@ def test_a_second_request_with_an_rid_in_flight_gets_a_400_naming_it(manager):
 class _SlowMatcher:
     """Stands for xgrammar's GrammarMatcher (a compiled grammar needs the model's tokenizer info
     and xgrammar's compiler; the cost under test is the time its calls take): each call advances
-    the test's clock (`clock`, which the guard reads as time.perf_counter) by `seconds`."""
+    the test's clock (`clock`, which the guard reads as time.perf_counter) by `seconds`, so a
+    step's measured time is planted, not the machine's."""
 
     def __init__(self, seconds, clock):
         self.seconds = seconds
@@ -566,119 +567,192 @@ class _SlowMatcher:
 
 
 def _grammars(monkeypatch):
-    from adapter import input_guard
     from sglang.srt.constrained.xgrammar_backend import XGrammarGrammar
 
     clock = {"now": 0.0}
     monkeypatch.setattr(input_guard.time, "perf_counter", lambda: clock["now"])
     fast = XGrammarGrammar(_SlowMatcher(0.0, clock), VOCAB, None, None)
     slow = XGrammarGrammar(_SlowMatcher(0.05, clock), VOCAB, None, None)
-    return fast, slow, np.zeros((2, VOCAB // 32), np.int32)
+    return fast, slow
 
 
 # TP 4 as the production line lays it out, every width the engine validates consistent with it
-# (another test in the same worker may have published a whole ServerArgs: tp_size, the MoE widths).
+# (another test in the same worker may have published a whole ServerArgs: tp_size, the MoE widths);
+# dp_rank None: no data-parallel controller (the output streamer reads it).
 TP4_ONE_NODE = dict(tp_size=4, attn_tp_size=4, attn_dp_size=1, attn_cp_size=1, moe_tp_size=4,
                     moe_ep_size=1, moe_dp_size=1, pp_size=1, tp_rank=0, attn_tp_rank=0,
-                    attn_dp_rank=0, attn_cp_rank=0)
+                    attn_dp_rank=0, attn_cp_rank=0, dp_rank=None)
+ONE_RANK = {**TP4_ONE_NODE, "tp_size": 1, "attn_tp_size": 1, "moe_tp_size": 1}
 
 
-class _GrammarReq:
-    """What the hook reads of a request: its grammar (the engine's Req needs a tokenizer and a
-    scheduler around it; the grammar under test is the engine's XGrammarGrammar)."""
+class _Detokenizer:
+    """Stands for the scheduler's ZMQ socket to the detokenizer (another process): records what
+    the engine's output streamer sends the client side."""
 
-    def __init__(self, grammar):
-        self.grammar = grammar
-        self.finished = False
+    def __init__(self):
+        self.sent = []
+
+    def send_output(self, output, req=None):
+        self.sent.append(output)
+
+    def finishes(self):
+        """rid -> the finish reason the client is sent."""
+        return {rid: reason for out in self.sent for rid, reason in zip(out.rids, out.finished_reasons)
+                if reason is not None}
 
 
-def _grammar_scheduler(world=1, group=None, tokens=(5,)):
-    """The engine's Scheduler class with only what its process_batch_result reads (a real one is a
-    server boot: tests/e2e): the decode result processor stands for the engine's, which fills each
-    grammar's mask and accepts its token (the engine's XGrammarGrammar calls, timed by the guard)."""
-    from sglang.srt.managers.scheduler import Scheduler
+def _grammar_scheduler(model_path, world=1, group=None):
+    """A real Scheduler on CPU pools and cache (the decode-yield sim's build_scheduler) wired as
+    Scheduler.__init__ wires its results: the tiny dense model's ModelConfig, then the engine's own
+    init_output_streamer and init_batch_result_processor. Stand-ins only for what needs a server:
+    the detokenizer socket, the metrics reporter (Prometheus, device timers), the load publisher
+    (a PUB socket) and the TP group coordinator (torch.distributed; `group` is the gloo group the
+    guard agrees over, None on one rank)."""
+    import collections
 
-    sched = Scheduler.__new__(Scheduler)
+    from adapter.tools.sims import decode_yield as sim
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.runtime_context import get_server_args
+    from sglang.srt.server_args import ServerArgs
+
+    sched = sim.build_scheduler(chunk=2048, req_slots=4, full_tokens=16 * 256, swa_tokens=16 * 256)
+    sched.model_config = ModelConfig.from_server_args(ServerArgs(model_path=str(model_path),
+                                                                 device="cpu"))
+    sched.server_args = get_server_args()
+    sched.is_generation, sched.enable_overlap_mlx, sched.enable_fpm = True, False, False
+    sched.metrics_collector = sched.draft_worker = sched.model_worker = sched.future_map = None
+    sched.max_req_len = 16 * 256
+    sched.ipc_channels.send_to_detokenizer = _Detokenizer()
+    sched.metrics_reporter = types.SimpleNamespace(
+        num_generated_tokens=0, forward_ct_decode=0, report_prefill_stats=lambda **k: None,
+        report_decode_stats=lambda *a, **k: None, log_batch_result_stats=lambda *a: None,
+        update_device_timer=lambda: None)
+    sched.load_snapshot_writer = None
+    sched.load_publisher = types.SimpleNamespace(publish_load_stat=lambda *a, **k: None)
+    sched.return_health_check_ipcs = collections.deque()
+    # the step counters Scheduler.init_load_inquirer starts (process_batch_result feeds them)
+    sched.total_prefill_uncached_tokens = 0
+    sched._prev_step = sched._prev_prefill_end_ts = sched._pause_started_at = None
+    sched._pause_intervals = collections.deque()
     sched.dp_tp_group = types.SimpleNamespace(world_size=world)
     sched.dp_tp_cpu_group = group
-    sched.publish_load_snapshot = lambda force=False: None
-    sched.load_publisher = types.SimpleNamespace(publish_load_stat=lambda *a, **k: None)
-    sched.load_inquirer = types.SimpleNamespace(get_loads=None)
-    sched.scheduler_stage_metrics = None           # the engine's stage recorder: off
-    sched.tree_cache = types.SimpleNamespace(flush_pending_backups=lambda: None)
-    sched._record_step_counters = lambda batch, result: None
-    sched.metrics_reporter = types.SimpleNamespace(log_batch_result_stats=lambda *a: None,
-                                                   update_device_timer=lambda: None)
-    sched.enable_fpm = False
-    sched._maybe_clear_mm_inputs = lambda batch: None
-    sched.maybe_send_health_check_signal = lambda: None
-    sched.accept_errors = []
-
-    def decode(batch, result):
-        live = [req for req in batch.reqs if not req.finished]    # a finished request has left
-        mask = np.zeros((len(live), VOCAB // 32), np.int32)
-        for i, req in enumerate(live):
-            req.grammar.fill_vocab_mask(mask, i)
-        for req in live:                           # as _accept_grammar_tokens: ValueError aborts
-            try:
-                for token in tokens:
-                    req.grammar.accept_token(token)
-            except ValueError as exc:
-                sched.accept_errors.append(str(exc))
-                req.finished = True
-
-    sched.batch_result_processor = types.SimpleNamespace(process_batch_result_decode=decode)
+    sched.init_output_streamer()
+    sched.init_batch_result_processor()
     return sched
 
 
-def _decode_batch(*grammars):
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+def _submit(sched, *grammars):
+    """A real Req per grammar (a 300-token prompt, 64 new tokens at most), queued for prefill."""
+    from adapter.tools.sims import decode_yield as sim
 
-    return types.SimpleNamespace(reqs=[_GrammarReq(g) for g in grammars], forward_mode=ForwardMode.DECODE)
+    reqs = []
+    for i, grammar in enumerate(grammars):
+        req = sim.make_req(f"g{i}", 300, max_new_tokens=64, salt=i + 1)
+        req.grammar = grammar
+        sched.waiting_queue.append(req)
+        reqs.append(req)
+    return reqs
 
 
-def test_a_grammar_step_over_the_bound_finishes_only_its_request(install_adapters, monkeypatch):
-    """One rank runs each request's grammar: a step over the bound marks that request after the
-    batch's result; its next accept_token finishes it, the other request goes on."""
+def _step(sched, token=5):
+    """One turn of the engine's event loop without the model: the real get_next_batch_to_run,
+    what run_batch stamps on the batch, a result with `token` sampled per row (the forward's
+    output), and the real process_batch_result (prefill or decode result processing)."""
+    import time
+
+    import torch
+    from sglang.srt.managers.utils import GenerationBatchResult
+
+    plan = sched.get_next_batch_to_run(sched.running_batch, sched.last_batch)
+    sched.running_batch = plan.running_batch
+    batch = plan.batch_to_run
+    if batch is not None:
+        batch.forward_iter, batch.launch_ts = sched.forward_ct, time.monotonic()
+        sched.forward_ct += 1
+        result = GenerationBatchResult(logits_output=None, can_run_cuda_graph=False,
+                                       next_token_ids=torch.tensor([token] * len(batch.reqs)))
+        sched.process_batch_result(batch, result)
+    sched.last_batch = batch
+    return batch
+
+
+def _bound_message(took, ranks):
+    return (f"dsv41 input_guard: this request's grammar exceeded the per-step bound of 20 ms "
+            f"(DSV41_INPUT_GUARD_GRAMMAR_STEP_MS): one decode step of it took {took} ms ({ranks}); "
+            "the request is finished")
+
+
+def test_a_grammar_step_over_the_bound_finishes_only_its_request(install_adapters, monkeypatch,
+                                                                 dense_model, caplog):
+    """One rank runs each request's grammar: a step over the bound (the prefill's token, 50 ms)
+    marks that request after the batch's result; the next decode step's accept_token finishes it
+    through the engine's grammar error path, the client is sent a 400 naming the bound, and the
+    other request goes on."""
+    import logging
+
     from sglang.srt.runtime_context import get_parallel
 
     install_adapters({**KEYS, "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS": "20"})
-    fast, slow, _ = _grammars(monkeypatch)
-    sched = _grammar_scheduler()
-    batch = _decode_batch(fast, slow)
-    with get_parallel().override(attn_cp_size=1, pp_size=1):
-        sched.process_batch_result(batch, None)             # slow: 50 ms a call > 20 ms: marked
-        assert sched.accept_errors == []                    # not finished within the step
+    fast, slow = _grammars(monkeypatch)
+    sched = _grammar_scheduler(dense_model)
+    fast_req, slow_req = _submit(sched, fast, slow)
+    with get_parallel().override(**ONE_RANK), caplog.at_level(logging.INFO, logger="sglang.dsv41"):
+        assert _step(sched).forward_mode.is_extend()        # prefill: one token each, timed
+        assert slow_req.to_finish is None and slow.accepted_tokens == [5]
         calls = slow.matcher.calls
-        sched.process_batch_result(batch, None)
-    assert slow.matcher.calls == calls                      # no more grammar work for it
-    (error,) = sched.accept_errors
-    assert error.startswith("dsv41 input_guard: this request's grammar took 50 ms in one decode "
-                            "step (this rank's), over this line's limit of 20 ms "
-                            "(DSV41_INPUT_GUARD_GRAMMAR_STEP_MS)")
-    assert fast.accepted_tokens == [5, 5]                   # the other request goes on
+        assert _step(sched).forward_mode.is_decode()        # marked: accept_token finishes it
+        finish = slow_req.to_finish
+        assert (finish.status_code, finish.err_type) == (400, "BadRequestError")
+        assert finish.message.startswith(_bound_message(50, "this rank's"))
+        _step(sched)                                        # the engine finishes and streams it
+        assert [r.rid for r in _step(sched).reqs] == ["g0"]  # and drops it from the next batch
+    assert slow_req.finished() and slow.matcher.calls == calls      # no more grammar work for it
+    sent = sched.ipc_channels.send_to_detokenizer.finishes()
+    assert list(sent) == ["g1"] and sent["g1"]["status_code"] == 400
+    assert sent["g1"]["message"].startswith(_bound_message(50, "this rank's"))
+    assert not fast_req.finished() and fast.accepted_tokens == [5] * 4    # the other goes on
+    logged = [r.getMessage() for r in caplog.records if "input_guard finished a request" in r.getMessage()]
+    assert logged == ["[dsv41] input_guard finished a request whose grammar took 50 ms in one decode step "
+                      "(this rank's), over 20 ms (logged once)"]
 
 
-def test_a_grammar_step_within_the_bound_is_left_alone(install_adapters, monkeypatch):
+def test_a_grammar_step_within_the_bound_is_left_alone(install_adapters, monkeypatch, dense_model):
     """The control: the same slow grammar with the bound above its step time runs every step."""
     from sglang.srt.runtime_context import get_parallel
 
     install_adapters({**KEYS, "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS": "60"})
-    _, slow, _ = _grammars(monkeypatch)
-    sched = _grammar_scheduler()
-    with get_parallel().override(attn_cp_size=1, pp_size=1):
-        for _ in range(3):
-            sched.process_batch_result(_decode_batch(slow), None)
-    assert sched.accept_errors == [] and slow.accepted_tokens == [5, 5, 5]
+    _, slow = _grammars(monkeypatch)
+    sched = _grammar_scheduler(dense_model)
+    (req,) = _submit(sched, slow)
+    with get_parallel().override(**ONE_RANK):
+        for _ in range(4):
+            _step(sched)
+    assert req.to_finish is None and not req.finished() and slow.accepted_tokens == [5] * 4
+    assert sched.ipc_channels.send_to_detokenizer.finishes() == {}
 
 
-def test_the_verdict_is_the_groups_max_not_this_ranks(install_adapters, monkeypatch):
+def test_without_the_guard_the_slow_grammar_runs_on(install_adapters, monkeypatch, dense_model):
+    """The negative control of the bound: the same 50 ms grammar steps on the stock engine (the
+    guard not installed) are never finished, so the finish above is the guard's."""
+    from sglang.srt.runtime_context import get_parallel
+
+    assert install_adapters({})["input_guard"].status != "installed"
+    _, slow = _grammars(monkeypatch)
+    sched = _grammar_scheduler(dense_model)
+    (req,) = _submit(sched, slow)
+    with get_parallel().override(**ONE_RANK):
+        for _ in range(4):
+            _step(sched)
+    assert req.to_finish is None and not req.finished() and slow.accepted_tokens == [5] * 4
+
+
+def test_the_verdict_is_the_groups_max_not_this_ranks(install_adapters, monkeypatch, dense_model):
     """TP 4 (the production line): this rank's grammar steps are fast, the group's MAX (another
     rank's clock) is over the bound: this rank finishes the request too, at the same step."""
     from sglang.srt.runtime_context import get_parallel
 
     install_adapters({**KEYS, "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS": "20"})
-    fast, _, _ = _grammars(monkeypatch)
+    fast, _ = _grammars(monkeypatch)
     seen = []
 
     def group_max(values, group):                          # the all-reduce: another rank's 90 ms
@@ -687,30 +761,31 @@ def test_the_verdict_is_the_groups_max_not_this_ranks(install_adapters, monkeypa
 
     monkeypatch.setattr(input_guard, "all_reduce_max", group_max)
     monkeypatch.setattr(input_guard.agreed_step_us, "__defaults__", (group_max,))
-    sched = _grammar_scheduler(world=4, group="the gloo group")
-    batch = _decode_batch(fast)
+    sched = _grammar_scheduler(dense_model, world=4, group="the gloo group")
+    (req,) = _submit(sched, fast)
     with get_parallel().override(**TP4_ONE_NODE):
-        sched.process_batch_result(batch, None)
-        sched.process_batch_result(batch, None)
+        _step(sched)
+        _step(sched)
     assert seen and seen[0] == [0]                         # this rank's own: 0 ms
-    (error,) = sched.accept_errors
-    assert "took 90 ms in one decode step (the slowest of 4 TP ranks)" in error
+    assert req.to_finish.status_code == 400
+    assert req.to_finish.message.startswith(_bound_message(90, "the slowest of 4 TP ranks"))
 
 
 def test_the_grammar_step_bound_stays_off_beside_context_or_pipeline_parallel_ranks(
-        install_adapters, monkeypatch, caplog):
+        install_adapters, monkeypatch, caplog, dense_model):
     """PP 2: the later stage's ranks follow the first stage's grammar by another path; the bound
     stays off (one fallback line says why) and the slow request is not finished."""
     from sglang.srt.runtime_context import get_parallel
 
     install_adapters({**KEYS, "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS": "20"})
-    _, slow, _ = _grammars(monkeypatch)
-    sched = _grammar_scheduler()
+    _, slow = _grammars(monkeypatch)
+    sched = _grammar_scheduler(dense_model)
+    (req,) = _submit(sched, slow)
     with get_parallel().override(**{**TP4_ONE_NODE, "tp_size": 2, "attn_tp_size": 2, "moe_tp_size": 2,
                                     "pp_size": 2}):
         for _ in range(3):
-            sched.process_batch_result(_decode_batch(slow), None)
-    assert sched.accept_errors == [] and slow.accepted_tokens == [5, 5, 5]
+            _step(sched)
+    assert req.to_finish is None and not req.finished() and slow.accepted_tokens == [5, 5, 5]
     assert ("input_guard fallback: grammar step bound off: 2 context- / pipeline-parallel ranks "
             "(attention CP x PP) run each request's grammar") in caplog.text
 
@@ -884,9 +959,7 @@ def test_with_sampling_on_every_value_that_killed_stock_the_guard_answers_400(ap
 
 # runs after conftest.TWO_RANKS_PREAMBLE (rank, mode, out, dist, tests/ on the path)
 GRAMMAR_CHILD = r"""
-import types
-import numpy as np
-from adapter.cpu import cpu_engine
+from adapter.cpu import cpu_engine, models
 cpu_engine.install_torchvision_shim()
 from adapter import input_guard, installer
 from sglang.srt.constrained.xgrammar_backend import XGrammarGrammar
@@ -903,15 +976,16 @@ input_guard.time.perf_counter = lambda: clock["now"]
 grammar = XGrammarGrammar(t._SlowMatcher(0.05 if rank == 0 else 0.001, clock), t.VOCAB, None, None)
 if mode == "local":                    # the agreement replaced by each rank's own reading
     input_guard.agreed_step_us.__defaults__ = (lambda values, group: values,)
-sched = t._grammar_scheduler(world=2, group=dist.new_group([0, 1], backend="gloo"))
-batch = t._decode_batch(grammar)
+sched = t._grammar_scheduler(models.ensure_model("dense"), world=2,
+                             group=dist.new_group([0, 1], backend="gloo"))
+(req,) = t._submit(sched, grammar)
 steps = []
 with get_parallel().override(**{**t.TP4_ONE_NODE, "tp_size": 2, "attn_tp_size": 2, "moe_tp_size": 2}):
-    for step in range(3):
-        sched.process_batch_result(batch, None)
-        steps.append(len(sched.accept_errors))
-json.dump({"finished_at": steps, "errors": sched.accept_errors, "accepted": grammar.accepted_tokens},
-          open(out, "w"))
+    for step in range(3):              # the prefill, then two decode steps
+        t._step(sched)
+        steps.append(None if req.to_finish is None else req.to_finish.status_code)
+json.dump({"finished_at": steps, "message": req.to_finish and req.to_finish.message,
+           "accepted": grammar.accepted_tokens, "finished": req.finished()}, open(out, "w"))
 dist.destroy_process_group()
 """
 
@@ -922,15 +996,16 @@ def _two_grammar_ranks(tmp_path, mode):
 
 def test_both_ranks_finish_the_grammar_request_at_the_same_step(tmp_path):
     """Rank 0's clock reads 50 ms a call, rank 1's 1 ms (limit 20): agreed, both finish the request
-    at the second step, with the same message."""
+    at the first decode step (its prefill's grammar step marked it), with the same message."""
     r0, r1 = _two_grammar_ranks(tmp_path, "agree")
-    assert r0["finished_at"] == r1["finished_at"] == [0, 1, 1], (r0, r1)
-    assert r0["errors"] == r1["errors"] and "(the slowest of 2 TP ranks)" in r0["errors"][0]
-    assert r0["accepted"] == r1["accepted"] == [5]
+    assert r0["finished_at"] == r1["finished_at"] == [None, 400, 400], (r0, r1)
+    assert r0["message"] == r1["message"] and "(the slowest of 2 TP ranks)" in r0["message"]
+    assert r0["accepted"] == r1["accepted"] == [5] and r0["finished"] and r1["finished"]
 
 
 def test_without_the_agreement_the_ranks_split(tmp_path):
     """The control of the one above: each rank's own reading finishes the request on rank 0 only;
     the two ranks' batches would differ from there on."""
     r0, r1 = _two_grammar_ranks(tmp_path, "local")
-    assert r0["finished_at"] == [0, 1, 1] and r1["finished_at"] == [0, 0, 0], (r0, r1)
+    assert r0["finished_at"] == [None, 400, 400] and r1["finished_at"] == [None, None, None], (r0, r1)
+    assert r0["finished"] and not r1["finished"] and r1["accepted"] == [5, 5, 5]

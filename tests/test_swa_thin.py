@@ -461,63 +461,140 @@ def test_window_nodes_cover_the_span_and_stop_at_the_root(install_adapters):
     assert checked >= 50
 
 
-def _stand_in_cache(core, window=128, **kw):
-    import types
+def _chain(install_adapters, window, pages=12):
+    """thin's own core (ThinTreeCore, the core with the `demote_swa_lru` binding) in the engine's
+    real cache with sliding window `window`: a chain of `pages` 256-token nodes, one page inserted
+    past the last each time. Returns (cache, node ids root-first, with [0] the root's)."""
+    from adapter.cpu import cpu_engine
+    from adapter.swa_thin.core import ThinTreeCore
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
 
+    assert install_adapters(THIN)["swa_thin"].status == "installed"
+    cpu = cpu_engine.build_swa_cache(full_tokens=64 * 256, swa_tokens=32 * 256, window=window,
+                                     backend="rust")
+    cache, core = cpu.cache, cpu.cache.tree_core
+    assert cache.components[_swa_type()].sliding_window_size == window
+    assert type(core) is ThinTreeCore
+    ids = [core.root_node.id]
+    for pages_ in range(1, pages + 1):
+        tokens = list(range(1, pages_ * 256 + 1))
+        cache.insert(InsertParams(key=RadixKey(array("q", tokens)), value=cpu.alloc(len(tokens))))
+        (new,) = [i for i in core._node_arena if i not in ids]
+        ids.append(new)
+    assert [len(core.node_by_id(i).key) for i in ids[1:]] == [256] * pages
+    return cache, ids
+
+
+def _swa_type():
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
-    return types.SimpleNamespace(tree_core=core, disable=kw.get("disable", False),
-                                 is_swa_enabled=kw.get("is_swa_enabled", True),
-                                 components={ComponentType.SWA: types.SimpleNamespace(
-                                     sliding_window_size=window)})
+    return ComponentType.SWA
 
 
-def test_the_binding_path_counts_every_node_and_calls_only_with_nodes_to_move():
-    """Through a core's demote_swa_lru (tests/test_swa_thin_core.py's stand-in core: a chain of
-    256-token nodes, no Python nodes): kept and moved counted per node, the binding not called
-    when nothing was passed, a disabled or SWA-less cache left alone."""
+def _spy_binding(monkeypatch, core):
+    """The node lists thin hands the core's binding, the binding itself still run."""
+    calls, real = [], core.demote_swa_lru
+    monkeypatch.setattr(core, "demote_swa_lru", lambda ids: calls.append(list(ids)) or real(ids))
+    return calls
+
+
+def _lru_order(cache):
+    """SWA device LRU node ids, most recently used first (the last is the next victim)."""
+    lru = cache.tree_core.lru_lists[_swa_type()]
+    out, node = [], lru.head.lru_next[lru._pt]
+    while node is not lru.tail:
+        if node is not lru.mid:
+            out.append(node.id)
+        node = node.lru_next[lru._pt]
+    return out
+
+
+def _check_binding_path(install_adapters, monkeypatch):
     from adapter import swa_thin
-    from test_swa_thin_core import StandInCore
 
     swa_thin.reset_counts()
     # window 640 + page 256: four nodes. Old 6 (6..3), new 7 (7..4): 6, 5, 4 kept, 3 moved.
-    core = StandInCore(depth=12, swa=set(range(1, 13)), outcomes={})
-    cache = _stand_in_cache(core, window=640)
-    assert swa_thin.move_passed_checkpoint(cache, 6, 7) == (1, 3)
-    assert core.calls == [[3]] and swa_thin.counts()["kept:in-new-window"] == 3
-    # old 6, new 10: all four passed; two locked
-    core.outcomes = {5: "locked", 3: "locked"}
-    assert swa_thin.move_passed_checkpoint(cache, 6, 10) == (2, 2)
-    assert core.calls[-1] == [6, 5, 4, 3] and swa_thin.counts()["kept:locked"] == 2
+    cache, n = _chain(install_adapters, window=640)
+    calls = _spy_binding(monkeypatch, cache.tree_core)
+    got = swa_thin.move_passed_checkpoint(cache, n[6], n[7])
+    assert got == (1, 3), f"move returned {got}"
+    assert calls == [[n[3]]] and swa_thin.counts()["kept:in-new-window"] == 3
+    assert _lru_order(cache)[-1] == n[3], "the passed node is not at the evict-first end"
+    # old 6, new 10: all four passed; the engine's lock on 4 holds the SWA of 4, 3 and 2 (its
+    # window: 640 tokens), so 4 and 3 are kept, 6 and 5 moved (6 nearest the tail end)
+    lock = cache.lock(n[4])
+    locked = [i for i in n[1:] if cache.tree_core.node_by_id(i).component_data[_swa_type()].lock_ref]
+    assert locked == [n[2], n[3], n[4]]
+    got = swa_thin.move_passed_checkpoint(cache, n[6], n[10])
+    cache.unlock(lock)
+    assert got == (2, 2), f"move returned {got}"
+    assert calls[-1] == [n[6], n[5], n[4], n[3]] and swa_thin.counts()["kept:locked"] == 2
+    assert _lru_order(cache)[-2:] == [n[6], n[5]], "the passed nodes are not at the evict-first end"
     # old 1 (its window stops at the root), new 2 (2, 1): nothing passed, no call
-    assert swa_thin.move_passed_checkpoint(cache, 1, 2) == (0, 1)
-    assert len(core.calls) == 2
-    # window 1 + page 256 = 257 tokens: two nodes (the first covers 256 < 257)
-    core = StandInCore(depth=12, swa=set(range(1, 13)), outcomes={})
-    assert swa_thin.move_passed_checkpoint(_stand_in_cache(core, window=1), 6, 12) == (2, 0)
-    assert core.calls == [[6, 5]]
-    # window 256 + page 256 = 512 tokens: exactly two nodes
-    core = StandInCore(depth=12, swa=set(range(1, 13)), outcomes={})
-    assert swa_thin.move_passed_checkpoint(_stand_in_cache(core, window=256), 6, 12) == (2, 0)
-    assert core.calls == [[6, 5]]
+    assert swa_thin.move_passed_checkpoint(cache, n[1], n[2]) == (0, 1)
+    assert len(calls) == 2
     # a lock node that left the tree: the fallback, nothing called
-    assert swa_thin.move_passed_checkpoint(_stand_in_cache(core), 6, 99) == (0, 0)
-    assert _fallbacks() == {GONE: 1} and len(core.calls) == 1
-    for off in ({"disable": True}, {"is_swa_enabled": False}):
-        assert swa_thin.move_passed_checkpoint(_stand_in_cache(core, **off), 6, 12) == (0, 0)
-    assert len(core.calls) == 1
+    assert swa_thin.move_passed_checkpoint(cache, n[6], 10 ** 9) == (0, 0)
+    assert _fallbacks() == {GONE: 1} and len(calls) == 2
+    # a disabled cache (--disable-radix-cache) or one without SWA: left alone. The flags are set
+    # on this populated cache (a disabled one holds no nodes to pass), so only they stop the move.
+    for flag, value in (("disable", True), ("is_swa_enabled", False)):
+        with monkeypatch.context() as m:
+            m.setattr(cache, flag, value)
+            assert swa_thin.move_passed_checkpoint(cache, n[6], n[12]) == (0, 0)
+    assert len(calls) == 2
+    cache.sanity_check()
+    # window 1 + page 256 = 257 tokens: two nodes (the first covers 256 < 257)
+    # window 256 + page 256 = 512 tokens: exactly two nodes
+    for window in (1, 256):
+        cache, n = _chain(install_adapters, window=window)
+        calls = _spy_binding(monkeypatch, cache.tree_core)
+        got = swa_thin.move_passed_checkpoint(cache, n[6], n[12])
+        assert got == (2, 0), f"move returned {got} at window {window}"
+        assert calls == [[n[6], n[5]]] and _lru_order(cache)[-2:] == [n[6], n[5]]
 
 
-def test_a_core_with_neither_binding_nor_python_lru_keeps_the_engines_order():
-    import types
+def test_the_binding_path_counts_every_node_and_calls_only_with_nodes_to_move(install_adapters,
+                                                                              monkeypatch):
+    """Through thin's core's demote_swa_lru on the engine's real cache (a chain of 256-token
+    nodes; windows 640, 1 and 256): kept and moved counted per node, the binding called with the
+    passed window deepest first minus the new window, and not at all when nothing was passed;
+    the moved nodes end at the SWA LRU's evict-first end; the engine's own lock keeps its nodes;
+    a gone lock node, a disabled or SWA-less cache left alone."""
+    _check_binding_path(install_adapters, monkeypatch)
 
+
+@pytest.mark.parametrize("broken", ["move is a no-op", "binding answers without moving"])
+def test_the_binding_path_check_fails_on_a_broken_move(install_adapters, monkeypatch, broken):
+    """The negative control of the test above: with thin's move through the binding a no-op, or
+    with the core's binding answering "moved" for nodes it leaves where they were, its checks
+    trip (so they rest on what thin does to the real LRU, not on the answers alone)."""
+    from adapter import swa_thin
+    from adapter.swa_thin.core import ThinTreeCore
+
+    if broken == "move is a no-op":
+        monkeypatch.setattr(swa_thin, "_move_through_binding", lambda *a: (0, 0))
+        match = "move returned"
+    else:
+        monkeypatch.setattr(ThinTreeCore, "demote_swa_lru", lambda self, ids: ["moved"] * len(ids))
+        match = "evict-first end"
+    with pytest.raises(AssertionError, match=match):
+        _check_binding_path(install_adapters, monkeypatch)
+
+
+def test_a_core_with_neither_binding_nor_python_lru_keeps_the_engines_order(install_adapters):
+    """The engine's Rust core (thin's key unset, so the engine keeps it): no demote binding and
+    no Python SWA LRU; the move is a fallback, the order the engine's."""
     from adapter import swa_thin
 
+    install_adapters({})
+    cpu = _build(backend="rust")
+    assert type(cpu.cache.tree_core).__name__ == "RustUnifiedTreeCore"
     swa_thin.reset_counts()
-    core = types.SimpleNamespace(root_node=None)
-    assert swa_thin.move_passed_checkpoint(_stand_in_cache(core), 6, 7) == (0, 0)
-    assert _fallbacks() == {"tree core SimpleNamespace has no Python SWA LRU; SWA eviction order "
-                            "left to the engine": 1}
+    assert swa_thin.move_passed_checkpoint(cpu.cache, 6, 7) == (0, 0)
+    assert _fallbacks() == {"tree core RustUnifiedTreeCore has no Python SWA LRU; SWA eviction "
+                            "order left to the engine": 1}
 
 
 def test_window_ids_read_python_nodes_where_the_core_has_them(install_adapters, monkeypatch):
