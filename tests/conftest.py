@@ -25,7 +25,9 @@ What stands in, and why:
   (tests/test_swa_thin_core.py, test_cpu_torch_native_fix.py, test_cpu_dsv4_stores.py,
   test_plugin_coexistence.py, test_autotune_keep.py, test_gate_run.py), and the engine's
   Scheduler made with __new__ holding only what the wrapped method reads (a real one is a server
-  boot): tests/test_input_guard.py (abort_request, process_batch_result).
+  boot): tests/test_input_guard.py (abort_request). Its grammar step bound runs on the decode
+  yield sim's real Scheduler (process_batch_result through the engine's own result processor),
+  with xgrammar's matcher stood in by one whose step time is planted on a test clock.
 - The input guard's tests build the engine's real TokenizerManager on CPU (its sockets bound, no
   scheduler behind them); the admin guard's run the engine's real app and auth with a stand-in
   tokenizer manager (`Manager`, tests/test_admin_guard.py), because the admin methods await a
