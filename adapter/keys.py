@@ -89,7 +89,8 @@ KEYS: tuple[Key, ...] = (
     Key("DSV41_INPUT_GUARD_MAX_LOGPROB_ENTRIES", "int", "input_guard", default=1_000_000, lo=1,
         hi=10**12, doc="input_guard: the most prompt log-prob entries one request may ask for "
                        "((top_logprobs_num + len(token_ids_logprob)) x prompt positions from "
-                       "logprob_start_len); more gets HTTP 400 naming this key"),
+                       "logprob_start_len, summed over its prompts and samples); more gets HTTP "
+                       "400 naming this key"),
     Key("DSV41_INPUT_GUARD_MAX_STOP_CHARS", "int", "input_guard", default=4096, lo=1, hi=10**9,
         doc="input_guard: the most characters a request's stop strings may have in total; more "
             "gets HTTP 400 naming this key"),
@@ -99,8 +100,10 @@ KEYS: tuple[Key, ...] = (
             "goes on"),
     Key("DSV41_INPUT_GUARD_MAX_TEXT_CHARS", "int", "input_guard", default=1_000_000, lo=1,
         hi=10**10, doc="input_guard: the most prompt text characters one request may send (all its "
-                       "prompts); the tokenizer manager tokenizes text on the HTTP event loop, so "
-                       "more gets HTTP 400 naming this key before any tokenizing (send input_ids)"),
+                       "prompts), and the text of a chat-like route's body (every string, one "
+                       "per list item) before its handler renders, tokenizes or decodes it; the "
+                       "engine does that work on the HTTP server, so more gets HTTP 400 naming "
+                       "this key before any of it (send input_ids)"),
     Key("DSV41_INPUT_GUARD_MAX_PARSE_CHARS", "int", "input_guard", default=32_768, lo=1,
         hi=10**9, doc="input_guard: the most text characters /parse_function_call and "
                       "/separate_reasoning parse on the HTTP event loop; more gets HTTP 400 "

@@ -59,6 +59,7 @@ _PS = "sglang.srt.distributed.parallel_state"
 _SP = "sglang.srt.sampling.sampling_params"
 _XG = "sglang.srt.constrained.xgrammar_backend"
 _OLLAMA = "sglang.srt.entrypoints.ollama.serving"
+_OAI = "sglang.srt.entrypoints.openai"
 
 HOOKS: tuple[Hook, ...] = (
     # swan: SM12x sparse decode reads 256-token SWA pages in place (the SM12x decode entry;
@@ -274,7 +275,14 @@ HOOKS: tuple[Hook, ...] = (
         f"{_IO}:GenerateReqInput.text", f"{_IO}:GenerateReqInput.input_ids",
         f"{_IO}:GenerateReqInput.input_embeds", f"{_IO}:GenerateReqInput._normalize_batch_inputs",
         f"{_TM}:TokenizerManager._tokenize_one_request",
-        f"{_IO}:EmbeddingReqInput.normalize_batch_and_arguments", f"{_IO}:GenerateReqInput.image_data")),
+        f"{_IO}:EmbeddingReqInput.normalize_batch_and_arguments", f"{_IO}:GenerateReqInput.image_data",
+        # issue 50: prompt log-prob entries summed over the whole request before any of it is
+        # sent (a text batch is tokenized and sent one prompt at a time; n > 1 sends each prompt
+        # n times plus a prefix request), prompts counted as the engine decides its batch
+        f"{_TM}:TokenizerManager._handle_batch_request", f"{_IO}:GenerateReqInput._determine_batch_size",
+        f"{_IO}:GenerateReqInput._normalize_logprob_params", f"{_IO}:GenerateReqInput.return_logprob",
+        f"{_IO}:GenerateReqInput.logprob_start_len", f"{_IO}:GenerateReqInput.top_logprobs_num",
+        f"{_IO}:GenerateReqInput.token_ids_logprob")),
     # input_guard: an abort of a refused request never reaches another request (issue 50): the
     # stream's abort task aborts only the states its own request registered.
     Hook("input_guard", _TM, "TokenizerManager._init_req_state", touches=(
@@ -395,6 +403,27 @@ INFRA_TOUCHES: dict[str, tuple[str, ...]] = {
         f"{_HTTP}:_setup_and_run_http_server",
         # the parse routes run their parser on the HTTP event loop: text bounded before it runs
         f"{_HTTP}:parse_function_call_request", f"{_HTTP}:separate_reasoning_request",
+        "fastapi.routing:APIRoute.dependant", "fastapi.routing:run_endpoint_function",
+    ),
+    # input_guard's text bound on the chat-like routes (issue 50), checked when it wraps them:
+    # each endpoint, and the handlers whose work before generate_request it bounds (template
+    # rendering, tokenizing, decoding, tool-schema validation; the chat handler skips the template
+    # when input_ids are given); drift leaves the routes unwrapped with a fallback line
+    "input_guard.text_routes": (
+        f"{_HTTP}:app", *(f"{_HTTP}:{name}" for name in (
+            "openai_v1_chat_completions", "sagemaker_chat_completions", "v1_responses_request",
+            "anthropic_v1_messages", "anthropic_v1_count_tokens", "ollama_chat",
+            "openai_v1_tokenize", "openai_v1_detokenize", "openai_v1_embeddings",
+            "v1_rerank_request", "v1_score_request", "v1_decisions_request", "systemone_decisions")),
+        f"{_OAI}.serving_base:OpenAIServingBase.handle_request",
+        f"{_OAI}.serving_chat:OpenAIServingChat._validate_request",
+        f"{_OAI}.serving_chat:OpenAIServingChat._process_messages",
+        f"{_OAI}.serving_chat:OpenAIServingChat._convert_to_internal_request",
+        f"{_OAI}.serving_tokenize:OpenAIServingTokenize._handle_non_streaming_request",
+        f"{_OAI}.serving_tokenize:OpenAIServingDetokenize._handle_non_streaming_request",
+        "sglang.srt.entrypoints.anthropic.serving:AnthropicServing.handle_messages",
+        "sglang.srt.entrypoints.anthropic.serving:AnthropicServing.handle_count_tokens",
+        f"{_OLLAMA}:OllamaServing.handle_chat",
         "fastapi.routing:APIRoute.dependant", "fastapi.routing:run_endpoint_function",
     ),
     "metrics": (

@@ -15,6 +15,7 @@ from adapter.input_guard.rules import (
     check_embedding_batch, check_ollama_options, check_parse_size, check_prompt_present,
     check_samples, check_text_size, check_vertex, kind_of,
     re2_module)
+from adapter.input_guard.rules import check_body_text, check_request_logprobs
 from adapter.tp_group import all_reduce_max
 
 SB = "sglang.srt.managers.schedule_batch"
@@ -203,6 +204,11 @@ def install_way_in(ctx, guard: Guard) -> None:
         message = check_text_size(obj, limits)
         if message is not None:
             guard.reject("text_chars", message)
+        # the whole request's prompt log-probs (every prompt, every sample), before the engine
+        # sends any of it: a text batch is tokenized and sent one prompt at a time
+        message = check_request_logprobs(obj, limits)
+        if message is not None:
+            guard.reject("logprob_entries", message)
         return original(self, obj, *args, **kwargs)
 
     ctx.around("TokenizerManager.generate_request", generate_request)
@@ -630,9 +636,90 @@ def install_routes(ctx, guard: Guard) -> None:
         except Exception as exc:  # noqa: BLE001 - never stop the server from starting
             ctx.fallback(f"the route checks could not be added ({type(exc).__name__}: {exc}); "
                          "those routes answer as the engine does")
+        install_text_routes(http.app, guard, ctx.fallback)
         return out
 
     ctx.around("TokenizerManager.__init__", tokenizer_manager_init)
+
+
+# --- the chat-like routes: their text bounded before their handlers render or tokenize it --------
+TEXT_ROUTE_TOUCHES = "input_guard.text_routes"   # table.INFRA_TOUCHES: checked when they are wrapped
+# The HTTP module's endpoints whose handlers render a chat template over the body, tokenize or
+# decode its text (or validate its tool schemas) before any request reaches generate_request,
+# where the text bound of `text` sits (read in the engine: docs/input_guard.md, the classes table).
+TEXT_ROUTES = ("openai_v1_chat_completions", "sagemaker_chat_completions", "v1_responses_request",
+               "anthropic_v1_messages", "anthropic_v1_count_tokens", "ollama_chat",
+               "openai_v1_tokenize", "openai_v1_detokenize", "openai_v1_embeddings",
+               "v1_rerank_request", "v1_score_request", "v1_decisions_request",
+               "systemone_decisions")
+
+
+def guard_text_routes(app, guard: Guard, fallback) -> list[str]:
+    """Wrap the endpoints of TEXT_ROUTES: the body's text (every string, one per list item; a chat
+    request's input_ids and, with them, its messages aside) against DSV41_INPUT_GUARD_MAX_TEXT_CHARS
+    before the handler runs; the paths wrapped. The HTTP module's internals this relies on are
+    checked against their pins first (drift: a fallback line, the routes left as the engine's)."""
+    from adapter import pins
+
+    drift = pins.drifted_touches(TEXT_ROUTE_TOUCHES)
+    if drift:
+        fallback(f"chat-route text bound not added: {drift[0]} drifted from its pin; those routes "
+                 "render and tokenize as the engine does")
+        return []
+    http = sys.modules[HTTP]
+    endpoints = {getattr(http, name): name for name in TEXT_ROUTES}
+
+    def text_route(original, path):
+        async def guarded(**values):        # FastAPI calls the endpoint with its parameters by name
+            current = INSTALLED.get("guard", guard)      # this process's latest install
+            try:
+                message = check_body_text(values.get("request"), path, current.limits)
+            except Exception as exc:  # noqa: BLE001 - fail closed, as the choke point
+                current.reject("unchecked", f"input_guard could not check this request "
+                                            f"({type(exc).__name__}); it is refused rather than "
+                                            "rendered unchecked")
+            if message is not None:
+                current.reject("text_chars", message)
+            return await original(**values)
+
+        guarded._dsv41_guarded = True
+        guarded.__wrapped__ = original
+        return guarded
+
+    wrapped = []
+    for route in getattr(app, "routes", ()):
+        dependant = getattr(route, "dependant", None)
+        if dependant is None or getattr(route, "endpoint", None) not in endpoints:
+            continue
+        if not getattr(dependant.call, "_dsv41_guarded", False):
+            dependant.call = text_route(dependant.call, route.path)
+        wrapped.append(route.path)
+    missing = sorted(set(TEXT_ROUTES) - {endpoints[r.endpoint] for r in getattr(app, "routes", ())
+                                         if getattr(r, "endpoint", None) in endpoints})
+    if missing:
+        fallback(f"chat-route text bound: {', '.join(missing)} not among the app's routes; "
+                 "the others are bounded")
+    return wrapped
+
+
+def install_text_routes(app, guard: Guard, fallback) -> None:
+    """guard_text_routes at the launcher's app setup (install_routes), with its receipt; an
+    exception of ours leaves the routes as the engine's (a fallback line), never stops the
+    server from starting."""
+    try:
+        paths = guard_text_routes(app, guard, fallback)
+        if paths:
+            receipts.line(NAME, "bounds the text of %s to %d characters per request (%s) before "
+                          "their handlers render, tokenize or decode it", ", ".join(paths),
+                          guard.limits.text_chars, LIMIT_KEYS["text_chars"])
+    except Exception as exc:  # noqa: BLE001 - never stop the server from starting
+        fallback(f"the chat-route text bound could not be added ({type(exc).__name__}: {exc}); "
+                 "those routes render and tokenize as the engine does")
+
+
+def guard_app_text_routes(app) -> list[str]:
+    """guard_text_routes of this process's install on `app` (the unit tests' engine app)."""
+    return guard_text_routes(app, INSTALLED["guard"], INSTALLED["guard"].ctx.fallback)
 
 
 # In this order (the order of their wraps in the installer's registry).

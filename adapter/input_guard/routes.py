@@ -10,6 +10,8 @@ REQUEST = "request: builds a GenerateReqInput / EmbeddingReqInput -> TokenizerMa
 SESSION = "session: refused by input_guard (sessions off)"
 ADMIN = "admin: closed by admin_guard"
 NO_REQUEST = "sends the scheduler no request a client shapes"
+TEXT_BOUNDED = (" (its text bounded before the handler tokenizes or decodes it: "
+                "DSV41_INPUT_GUARD_MAX_TEXT_CHARS)")
 ROUTES = {
     "/generate": REQUEST, "/v1/completions": REQUEST, "/v1/chat/completions": REQUEST,
     "/v1/messages": REQUEST, "/api/generate": REQUEST, "/api/chat": REQUEST,
@@ -27,10 +29,13 @@ ROUTES = {
     "/get_server_info": NO_REQUEST + " (admin_guard redacts its keys)",
     "/server_info": NO_REQUEST + " (admin_guard redacts its keys)",
     "/get_hicache_l3_cache_layout": NO_REQUEST, "/parse_function_call": NO_REQUEST,
-    "/separate_reasoning": NO_REQUEST, "/tokenize": NO_REQUEST, "/v1/tokenize": NO_REQUEST,
-    "/detokenize": NO_REQUEST, "/v1/detokenize": NO_REQUEST, "/v1/models": NO_REQUEST,
+    "/separate_reasoning": NO_REQUEST,
+    # tokenized / decoded in the handler on the HTTP event loop: text bounded before (issue 50)
+    "/tokenize": NO_REQUEST + TEXT_BOUNDED, "/v1/tokenize": NO_REQUEST + TEXT_BOUNDED,
+    "/detokenize": NO_REQUEST + TEXT_BOUNDED, "/v1/detokenize": NO_REQUEST + TEXT_BOUNDED,
+    "/v1/models": NO_REQUEST,
     "/v1/models/{model:path}": NO_REQUEST, "/v1/responses/{response_id}": NO_REQUEST,
     "/v1/responses/{response_id}/cancel": NO_REQUEST + " (aborts that response's own rid)",
     "/": NO_REQUEST, "/api/tags": NO_REQUEST, "/api/show": NO_REQUEST,
-    "/v1/messages/count_tokens": NO_REQUEST, "/ping": NO_REQUEST,
+    "/v1/messages/count_tokens": NO_REQUEST + TEXT_BOUNDED, "/ping": NO_REQUEST,
 }

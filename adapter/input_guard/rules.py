@@ -479,13 +479,18 @@ def check_logprob_cost(tokenized, prompt_len, limits: Limits):
     t = len(tokenized.token_ids_logprob or ())
     start = tokenized.logprob_start_len
     positions = max(prompt_len - start, 0) if _is_int(start) and start >= 0 else 0
-    entries = (max(k, 0) + t) * positions
+    # with n > 1 the engine sends this one tokenized prompt n times plus once to cache its
+    # prefix, each computing its prompt log-probs (issue 50: the bound is the whole request's)
+    n = getattr(getattr(tokenized, "sampling_params", None), "n", 1)
+    samples = n + 1 if _is_int(n) and n > 1 else 1
+    entries = (max(k, 0) + t) * positions * samples
     if entries > limits.logprob_entries:
         return ("asks for {:,} prompt log-prob entries ((top_logprobs_num {} + {} token_ids_logprob) "
-                "x {} prompt positions from logprob_start_len {}), over this line's limit of {:,} "
+                "x {} prompt positions from logprob_start_len {}{}), over this line's limit of {:,} "
                 "({}): the tokenizer manager converts them all at once").format(
-                    entries, k, t, positions, start, limits.logprob_entries,
-                    LIMIT_KEYS["logprob_entries"])
+                    entries, k, t, positions, start,
+                    f" x {samples} samples (n {n} and the prefix request)" if samples > 1 else "",
+                    limits.logprob_entries, LIMIT_KEYS["logprob_entries"])
     return None
 
 
@@ -830,3 +835,186 @@ def check_embedding_batch(obj):
         return (f"sampling_params has {len(sp)} entries for {prompts} prompts: this engine expects "
                 "one object per prompt (or one object for all)")
     return None
+
+
+# ---- the chat-like routes: their handlers render, tokenize or decode the body's text before the
+# request reaches generate_request (issue 50) --------------------------------------------------------
+
+def _model_fields(obj):
+    """The fields of a parsed body: a dict's items, or a pydantic model's field values (its
+    `__dict__`) and the extra fields a model that allows them keeps apart; None for anything else
+    (duck-typed: this module imports no HTTP stack)."""
+    if isinstance(obj, dict):
+        return obj
+    if not hasattr(type(obj), "model_fields"):
+        return None
+    fields = dict(getattr(obj, "__dict__", None) or {})
+    extra = getattr(obj, "__pydantic_extra__", None)
+    if isinstance(extra, dict):
+        fields.update(extra)
+    return fields
+
+
+def text_size(value, limit: int) -> int:
+    """The characters of every string in `value` (dict keys included) plus one per list item,
+    counted until the total passes `limit` (the count stops there: the walk costs at most the
+    bound, and never more than the parse the HTTP layer has already done of the same body). One
+    per list item because the engine's handlers loop over items (messages, parts, prompts, token
+    ids to decode): a million empty items cost it as much as a million characters."""
+    total = 0
+    stack = [value]
+    while stack and total <= limit:
+        v = stack.pop()
+        if isinstance(v, str):
+            total += len(v)
+        elif isinstance(v, (list, tuple)):
+            total += len(v)
+            stack.extend(v)
+        else:
+            fields = _model_fields(v)
+            if fields is None:
+                continue                        # a number, a bool, None: no text
+            if isinstance(v, dict):
+                total += sum(len(k) for k in v if isinstance(k, str))
+            stack.extend(fields.values())
+    return total
+
+
+# Not counted on the chat routes: prompt ids are sent as they are (no rendering, no tokenizing),
+# and with them the engine's chat handler skips the template (serving_chat `_process_messages`:
+# "When input_ids are provided, skip template tokenization entirely"), so their messages are not
+# rendered either: a conversation over the bound goes as input_ids.
+UNRENDERED = "input_ids"
+
+
+def check_body_text(body, route: str, limits: Limits):
+    """A message when a chat-like route's body carries more text than the line's bound per
+    request (`DSV41_INPUT_GUARD_MAX_TEXT_CHARS`, the bound the tokenizer manager applies to
+    `text`): its handler renders the chat template over it, tokenizes or decodes it (and
+    validates its tool schemas) before the request reaches generate_request, on the HTTP server
+    where every other client waits. Else None."""
+    fields = _model_fields(body)
+    if fields is None:
+        return None
+    skip = {UNRENDERED}
+    if fields.get(UNRENDERED) is not None and "messages" in fields:
+        skip.add("messages")
+    limit, total, counts = limits.text_chars, 0, {}
+    for name, value in fields.items():
+        if name in skip:
+            continue
+        before = total
+        if isinstance(body, dict) and isinstance(name, str):
+            total += len(name)                  # a client's key (a model's field names are its schema's)
+        total += text_size(value, limit - total)
+        counts[name] = total - before
+        if total > limit:
+            # named: the field holding most of what was counted (the walk stops at the bound)
+            field = max(counts, key=counts.get)
+            return (f"{route}: this request's text is over {limit:,} characters, this line's limit "
+                    f"per request ({LIMIT_KEYS['text_chars']}); {field} holds {counts[field]:,} of "
+                    "them: the engine renders, tokenizes or decodes a request's text on its HTTP "
+                    "server before the request reaches the guard's other checks, where every "
+                    "other client waits (counted: every string of the body and one per list item; "
+                    "a chat request's input_ids and, with them, its messages are not rendered and "
+                    "not counted)")
+    return None
+
+
+# ---- log-prob entries of the whole request, before the engine's normalisation (issue 50) -----------
+
+def _per_prompt(value, i: int):
+    """A request field's value for prompt i: the batch form is a list, one value per prompt."""
+    return value[i] if isinstance(value, list) and i < len(value) else value
+
+
+def _batch_shape(obj):
+    """(prompts, batch) as the engine's `_determine_batch_size` decides them (text first, then
+    input_ids, then input_embeds: a single embeddings prompt is a list of vectors); None for a
+    form it does not take (its own checks answer it)."""
+    text, ids, embeds = (getattr(obj, name, None) for name in ("text", "input_ids", "input_embeds"))
+    if text is not None:
+        return (1, False) if isinstance(text, str) else (len(text), True) if isinstance(text, list) else None
+    if ids is not None:
+        if not isinstance(ids, list) or not ids:
+            return None
+        return (1, False) if _is_int(ids[0]) else (len(ids), True)
+    if isinstance(embeds, list) and embeds and isinstance(embeds[0], list) and embeds[0]:
+        return (1, False) if _is_real(embeds[0][0]) else (len(embeds), True)
+    return None
+
+
+def _prompt_positions(obj, i: int, batch: bool):
+    """(positions, exact) of prompt i before tokenizing: its ids or embeddings counted; a text's
+    tokens are not known yet, so a text counts its UTF-8 length, the most a byte-level tokenizer
+    (DeepSeek's) makes of it (its BOS aside). None when the form is not one the engine takes."""
+    for name in ("text", "input_ids", "input_embeds"):
+        value = getattr(obj, name, None)
+        if value is None:
+            continue
+        item = value[i] if batch else value
+        if name == "text":
+            # surrogatepass: a lone surrogate from JSON ("\ud800") is a client's text, not our 500
+            return (len(item.encode("utf-8", "surrogatepass")), False) if isinstance(item, str) else None
+        return (len(item), True) if isinstance(item, list) else None
+    return None
+
+
+def check_request_logprobs(obj, limits: Limits):
+    """A message when the whole request asks for more prompt log-prob entries than the line's
+    bound: every prompt of a batch, times its samples (with n > 1 the engine sends the prompt
+    n times plus once to cache its prefix, each computing and converting its prompt log-probs
+    from logprob_start_len: `_handle_batch_request`, `Req._compute_max_prefix_len`), all
+    converted by the tokenizer manager on the HTTP event loop. Else None.
+
+    A single text prompt is left to the choke point (`check_logprob_cost`, exact on its tokens,
+    times its samples); a batch of texts is counted here by each text's UTF-8 length (the engine
+    tokenizes and sends a text batch one prompt at a time, so no later point sees the whole
+    request before some of it is sent)."""
+    if not hasattr(obj, "top_logprobs_num"):          # an embedding request: no log-probs
+        return None
+    shape = _batch_shape(obj)
+    if shape is None:
+        return None
+    prompts, batch = shape
+    if not batch and getattr(obj, "text", None) is not None:
+        return None                                 # the choke point's exact count
+    sp = getattr(obj, "sampling_params", None)
+    total, estimated, samples_seen = 0, False, set()
+    for i in range(prompts):
+        if not _per_prompt(getattr(obj, "return_logprob", None), i):
+            continue
+        start = _per_prompt(getattr(obj, "logprob_start_len", None), i)
+        k = _per_prompt(getattr(obj, "top_logprobs_num", None), i)
+        ids = getattr(obj, "token_ids_logprob", None)
+        ids = ids[i] if isinstance(ids, list) and ids and isinstance(ids[0], list) and i < len(ids) else ids
+        if not _is_int(start) or start < 0:
+            continue                                # no prompt log-probs (-1: the engine's default)
+        k = k if _is_int(k) and k > 0 else 0
+        t = len(ids) if isinstance(ids, list) else 0
+        if k + t == 0:
+            continue
+        counted = _prompt_positions(obj, i, batch)
+        if counted is None:
+            return None                             # the engine's own checks answer the form
+        length, exact = counted
+        estimated |= not exact
+        params = _per_prompt(sp, i)
+        n = params.get("n", 1) if isinstance(params, dict) else 1
+        if not _is_int(n):
+            return None                             # the n check answers it
+        samples = n + 1 if n > 1 else 1
+        samples_seen.add(samples)
+        total += (k + t) * max(length - start, 0) * samples
+    if total <= limits.logprob_entries:
+        return None
+    how = (f"{prompts} prompts" if prompts > 1 else "1 prompt") + (
+        "" if samples_seen == {1} else f", {min(samples_seen)} samples each"
+        if len(samples_seen) == 1 else ", samples summed")
+    counted_as = (" (a text prompt counted at one position per UTF-8 byte, the most a byte-level "
+                  "tokenizer makes of it: send input_ids for an exact count)" if estimated else "")
+    return (f"this request asks for {total:,} prompt log-prob entries ({how}; (top_logprobs_num + "
+            "token_ids_logprob) x prompt positions from logprob_start_len, per sample), over this "
+            f"line's limit of {limits.logprob_entries:,} per request, all its prompts and samples "
+            f"together ({LIMIT_KEYS['logprob_entries']}): the tokenizer manager converts them on "
+            f"the HTTP event loop{counted_as}")

@@ -17,7 +17,10 @@ the flag, tests/e2e/test_e2e_seed.py (docs/input_guard.md, "Seeds"). On the line
   guard's check sits before that work in the request's path, tests/test_input_guard_routes.py),
   with /health answering after it: a 300 KB `/parse_function_call` of unclosed tags, a 9 MB
   `text`, 200 prompts x n 100; and a duplicate rid on a streamed `/generate`: the refused stream's
-  abort leaves the owner's request whole.
+  abort leaves the owner's request whole;
+- the chat routes' text (a 1.25M-character `messages` on `/v1/chat/completions` and `/api/chat`,
+  refused before the template runs) and the log-prob bound over the whole request (a batch
+  refused while each of its prompts alone is served), /health and a greedy probe after each.
 
 No wall-clock verdicts: each case asserts what the server answered and what it did (the owner's
 tokens, the guard's counters on /metrics), not how fast.
@@ -169,3 +172,49 @@ def test_the_refusals_are_counted(server):
                      if ln.startswith("dsv41_input_guard_rejected_total") and f'reason="{reason}"' in ln),
                     None)
         assert line is not None and float(line.rsplit(" ", 1)[1]) >= 1, (reason, line)
+
+
+# --- issue 50's two remaining bounds: the chat routes' text, the whole request's log-probs -------
+
+HUGE_CHAT = [{"role": "user", "content": "word " * 250_000}]      # 1.25M characters (bound: 1M)
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"model": "m", "messages": HUGE_CHAT, "max_tokens": 4}),
+    ("/api/chat", {"model": "m", "messages": HUGE_CHAT, "stream": False}),
+])
+def test_a_huge_chat_request_is_refused_before_its_template_runs(server, path, body):
+    """The chat handlers render the template over `messages` and tokenize the result before any
+    request reaches generate_request (the OpenAI one in the shared default executor, Ollama's on
+    the HTTP event loop): refused at the route with 400 naming the bound (on this model /api/chat
+    would otherwise be the engine's own 500, no chat template: the guard answers first)."""
+    resp = _post(server, path, body)
+    assert resp.status_code == 400, resp.text[:300]
+    assert "DSV41_INPUT_GUARD_MAX_TEXT_CHARS" in resp.text and "messages holds" in resp.text
+    assert server.healthy()
+    probe = server.generate(P8, max_new_tokens=4)
+    assert probe["meta_info"]["completion_tokens"] == 4
+
+
+def _logprob_prompt(seed, length):
+    return {"input_ids": traffic.token_ids(seed, length), "return_logprob": True,
+            "logprob_start_len": 0, "top_logprobs_num": 1000}
+
+
+def test_a_batch_over_the_log_prob_bound_together_is_refused_while_each_prompt_is_served(server):
+    """Two prompts of 520 positions at top-1000 ask for 520,000 prompt log-prob entries each (the
+    bound is 1,000,000) and 1,040,000 together, all converted on the HTTP event loop: the batch is
+    refused naming the bound, one prompt alone is served."""
+    a, b = _logprob_prompt(31, 520), _logprob_prompt(32, 520)
+    batch = {**a, "input_ids": [a["input_ids"], b["input_ids"]],
+             "sampling_params": {"max_new_tokens": 1}}
+    resp = _post(server, "/generate", batch)
+    assert resp.status_code == 400, resp.text[:300]
+    assert "1,040,000 prompt log-prob entries (2 prompts" in resp.text
+    assert "DSV41_INPUT_GUARD_MAX_LOGPROB_ENTRIES" in resp.text
+    assert server.healthy()
+    alone = _post(server, "/generate", {**a, "sampling_params": {"max_new_tokens": 1}}, timeout=300)
+    assert alone.status_code == 200, alone.text[:300]
+    assert len(alone.json()["meta_info"]["input_top_logprobs"]) == 520
+    probe = server.generate(P8, max_new_tokens=4)
+    assert probe["meta_info"]["completion_tokens"] == 4
