@@ -274,7 +274,13 @@ HOOKS: tuple[Hook, ...] = (
         f"{_IO}:GenerateReqInput.text", f"{_IO}:GenerateReqInput.input_ids",
         f"{_IO}:GenerateReqInput.input_embeds", f"{_IO}:GenerateReqInput._normalize_batch_inputs",
         f"{_TM}:TokenizerManager._tokenize_one_request",
-        f"{_IO}:EmbeddingReqInput.normalize_batch_and_arguments", f"{_IO}:GenerateReqInput.image_data")),
+        f"{_IO}:EmbeddingReqInput.normalize_batch_and_arguments", f"{_IO}:GenerateReqInput.image_data",
+        # issue 50, the compile pool: a client's unanswered grammar requests bounded to its share
+        # of the pool the engine builds (its size), each request compiling its own grammar on a
+        # cache miss (process_req_with_grammar), answered by the response generator's first output
+        "sglang.srt.constrained.base_grammar_backend:BaseGrammarBackend.__init__",
+        "sglang.srt.constrained.grammar_manager:GrammarManager.process_req_with_grammar",
+        f"{_TM}:TokenizerManager._wait_one_response", f"{_TM}:TokenizerManager._stream_one_response")),
     # input_guard: an abort of a refused request never reaches another request (issue 50): the
     # stream's abort task aborts only the states its own request registered.
     Hook("input_guard", _TM, "TokenizerManager._init_req_state", touches=(
