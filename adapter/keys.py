@@ -116,6 +116,17 @@ KEYS: tuple[Key, ...] = (
     Key("DSV41_INPUT_GUARD_GRAMMAR_CACHE_MB", "int", "input_guard", default=256, lo=1, hi=10**6,
         doc="input_guard: the most memory xgrammar's compiler cache keeps, in MB (the engine "
             "builds it unbounded)"),
+    Key("DSV41_INPUT_GUARD_GRAMMAR_COMPILES_PER_CLIENT", "int", "input_guard", default=0, lo=0,
+        hi=10**4,
+        doc="input_guard: the most requests with a grammar (json_schema, regex, ebnf, "
+            "structural_tag) one client may have unanswered at once (streamed: until its first "
+            "chunk); one more gets HTTP 429 naming this key and the count; 0 = half the engine's "
+            "grammar compile pool (min(32, CPUs + 4) workers), so one client never holds all of "
+            "it. The client: DSV41_INPUT_GUARD_CLIENT_HEADER"),
+    Key("DSV41_INPUT_GUARD_CLIENT_HEADER", "flag", "input_guard", default=0,
+        doc="input_guard: 1 = a request's client (for DSV41_INPUT_GUARD_GRAMMAR_COMPILES_PER_CLIENT) "
+            "is its X-DSV41-Client header when it has one, which the gateway in front must set "
+            "and overwrite; 0 = the peer's host (behind a gateway: one client, the whole line)"),
     Key("DSV41_ADMIN_GUARD", "flag", "admin_guard", enables=True, default=0,
         doc="the engine's admin routes (ADMIN_OPTIONAL) answer HTTP 403 naming --admin-api-key "
             "unless that key is configured"),

@@ -282,7 +282,13 @@ HOOKS: tuple[Hook, ...] = (
         f"{_TM}:TokenizerManager._handle_batch_request", f"{_IO}:GenerateReqInput._determine_batch_size",
         f"{_IO}:GenerateReqInput._normalize_logprob_params", f"{_IO}:GenerateReqInput.return_logprob",
         f"{_IO}:GenerateReqInput.logprob_start_len", f"{_IO}:GenerateReqInput.top_logprobs_num",
-        f"{_IO}:GenerateReqInput.token_ids_logprob")),
+        f"{_IO}:GenerateReqInput.token_ids_logprob",
+        # issue 50, the compile pool: a client's unanswered grammar requests bounded to its share
+        # of the pool the engine builds (its size), each request compiling its own grammar on a
+        # cache miss (process_req_with_grammar), answered by the response generator's first output
+        "sglang.srt.constrained.base_grammar_backend:BaseGrammarBackend.__init__",
+        "sglang.srt.constrained.grammar_manager:GrammarManager.process_req_with_grammar",
+        f"{_TM}:TokenizerManager._wait_one_response", f"{_TM}:TokenizerManager._stream_one_response")),
     # input_guard: an abort of a refused request never reaches another request (issue 50): the
     # stream's abort task aborts only the states its own request registered.
     Hook("input_guard", _TM, "TokenizerManager._init_req_state", touches=(

@@ -438,10 +438,81 @@ def test_limits_from_the_lines_keys():
     values = {"DSV41_INPUT_GUARD_MAX_N": 2, "DSV41_INPUT_GUARD_MAX_LOGPROB_ENTRIES": 3,
               "DSV41_INPUT_GUARD_MAX_STOP_CHARS": 4, "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS": 5,
               "DSV41_INPUT_GUARD_MAX_TEXT_CHARS": 6, "DSV41_INPUT_GUARD_MAX_PARSE_CHARS": 7,
-              "DSV41_INPUT_GUARD_GRAMMAR_CACHE": 8, "DSV41_INPUT_GUARD_GRAMMAR_CACHE_MB": 9}
+              "DSV41_INPUT_GUARD_GRAMMAR_CACHE": 8, "DSV41_INPUT_GUARD_GRAMMAR_CACHE_MB": 9,
+              "DSV41_INPUT_GUARD_GRAMMAR_COMPILES_PER_CLIENT": 10, "DSV41_INPUT_GUARD_CLIENT_HEADER": 1}
     assert ig.Limits.from_ctx(types.SimpleNamespace(value=values.__getitem__)) == ig.Limits(
-        2, 3, 4, 5, 6, 7, 8, 9)
+        2, 3, 4, 5, 6, 7, 8, 9, 10, 1)
     assert ig.Limits.from_ctx(types.SimpleNamespace()) == ig.Limits()
     assert ig.Limits() == ig.Limits(n=128, logprob_entries=1_000_000, stop_chars=4096,
                                     grammar_step_ms=100, text_chars=1_000_000, parse_chars=32_768,
                                     grammar_cache=128, grammar_cache_mb=256)
+
+
+# --- the grammar compile pool: one client's share (issue 50) -----------------------------------
+
+def test_the_compile_pool_and_the_default_share_follow_the_engines_executor():
+    # ThreadPoolExecutor()'s default: min(32, cpus + 4); the share: half of it, at least 1
+    assert [ig.compile_workers(c) for c in (None, 1, 2, 27, 28, 200)] == [5, 5, 6, 31, 32, 32]
+    assert ig.grammar_share(ig.Limits(), 2) == 3            # this VM: 6 workers
+    assert ig.grammar_share(ig.Limits(), 200) == 16
+    assert ig.grammar_share(ig.Limits(), None) == 2
+    assert ig.grammar_share(ig.Limits(grammar_compiles=1), 200) == 1     # the line's own bound
+    assert ig.grammar_share(ig.Limits(grammar_compiles=40), 2) == 40
+
+
+def _gen(**fields):
+    return types.SimpleNamespace(**{"text": "hi", "input_ids": None, "input_embeds": None,
+                                    "sampling_params": None, **fields})
+
+
+@pytest.mark.parametrize("obj, count", [
+    (_gen(), 0),
+    (_gen(sampling_params={"max_new_tokens": 4}), 0),
+    (_gen(sampling_params={"json_schema": None, "regex": None}), 0),
+    (_gen(sampling_params={"json_schema": "{}"}), 1),
+    (_gen(sampling_params={"regex": "a+", "n": 3}), 3),
+    (_gen(sampling_params={"ebnf": "root ::= \"a\"", "n": 0}), 1),
+    (_gen(sampling_params={"structural_tag": "{}", "n": "x"}), 1),     # n's type: the choke point's
+    (_gen(text=["a", "b"], sampling_params={"json_schema": "{}", "n": 2}), 4),
+    (_gen(text=None, input_ids=[[1], [2], [3]], sampling_params={"regex": "a"}), 3),
+    (_gen(text=["a", "b", "c"], sampling_params=[{"regex": "a"}, {}, {"json_schema": "{}", "n": 2}]), 3),
+    (_gen(text=["a"], sampling_params=["x"]), 0),
+])
+def test_grammar_requests_counts_each_scheduler_request_with_a_grammar(obj, count):
+    assert ig.grammar_requests(obj) == count
+
+
+def test_the_client_is_the_operators_header_only_when_the_line_trusts_it():
+    assert ig.client_of("10.0.0.5", "team-a", 0) == "host 10.0.0.5"          # header not trusted
+    assert ig.client_of("10.0.0.5", "team-a", 1) == "header team-a"
+    assert ig.client_of("10.0.0.5", "  ", 1) == "host 10.0.0.5"               # empty: the peer
+    assert ig.client_of("10.0.0.5", None, 1) == "host 10.0.0.5"
+    assert ig.client_of(None, None, 0) == "host unknown"
+    assert ig.client_of("h", "x" * 500, 1) == "header " + "x" * 128
+
+
+def test_check_grammar_share_at_the_edge_names_the_key_and_the_count():
+    key = "DSV41_INPUT_GUARD_GRAMMAR_COMPILES_PER_CLIENT"
+    assert ig.check_grammar_share("host a", 0, 0, 3, 6) is None               # no grammar
+    assert ig.check_grammar_share("host a", 2, 1, 3, 6) is None               # the last one in
+    message = ig.check_grammar_share("host a", 3, 1, 3, 6)                     # the first one out
+    assert message.startswith("host a already has 3 requests with a grammar")
+    assert "this one would make 4, over this line's limit of 3 per client (" + key + ")" in message
+    assert "a pool of 6 workers" in message
+    assert ig.check_grammar_share("host a", 1, 2, 3, 6) is None
+    assert "would make 4" in ig.check_grammar_share("host a", 2, 2, 3, 6)
+    alone = ig.check_grammar_share("host a", 0, 4, 3, 6)                       # never fits
+    assert alone.startswith("this request sends 4 requests with a grammar") and key in alone
+    assert alone.endswith("split it into requests of at most 3")
+    assert ig.check_grammar_share("host a", 0, 3, 3, 6) is None
+    assert ig.GRAMMAR_SHARE_STATUS == 429
+    assert "grammar_compiles" in ig.REASONS[:-1]          # counted like the other refusals
+
+
+def test_limits_read_the_grammar_share_keys():
+    values = {k: 1 for k in ig.LIMIT_KEYS.values()}
+    values.update({"DSV41_INPUT_GUARD_GRAMMAR_COMPILES_PER_CLIENT": 7,
+                   "DSV41_INPUT_GUARD_CLIENT_HEADER": 1})
+    limits = ig.Limits.from_ctx(types.SimpleNamespace(value=values.__getitem__))
+    assert (limits.grammar_compiles, limits.client_header) == (7, 1)
+    assert (ig.Limits().grammar_compiles, ig.Limits().client_header) == (0, 0)

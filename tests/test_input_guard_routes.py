@@ -367,3 +367,163 @@ def test_embedding_shapes_the_normalisation_cannot_take_are_400(client, path, bo
     resp = client.post(path, json=body)
     assert resp.status_code == 400, resp.text
     assert text in resp.text and sent == []
+
+
+# --- the grammar compile pool: one client's share (issue 50) -----------------------------------
+# The engine's real TokenizerManager with the guard installed (no scheduler behind it): what it
+# would send is recorded at `_dispatch_to_scheduler`; the scheduler's first output is planted in
+# the request's state as the tokenizer manager's output loop (`_handle_batch_output`, not started
+# here: it reads the detokenizer's socket) would put it; the HTTP request is starlette's own,
+# with the peer and headers a client would have.
+SHARE_KEY = "DSV41_INPUT_GUARD_GRAMMAR_COMPILES_PER_CLIENT"
+BIG = '{"type": "object", "properties": {"a": {"type": "string", "pattern": "[a-z]{1,900}"}}}'
+
+
+@pytest.fixture
+def share_manager(install_adapters, dense_model):  # noqa: F811
+    """share_manager(keys) -> (the real TokenizerManager, what it sent), the guard installed with
+    KEYS and `keys` (the engine as stock with `keys` None)."""
+    import contextlib
+
+    from sglang.srt import runtime_context as rc
+
+    with contextlib.ExitStack() as stack:
+        def build(keys):
+            status = install_adapters({**KEYS, **keys} if keys is not None else {})
+            assert status["input_guard"].status == ("installed" if keys is not None else "off"), status
+            args, make = _real_manager(dense_model)
+            receipts.forget("input_guard")
+            stack.enter_context(rc.use_context(rc.create_context(args, role="tokenizer")))
+            tm = make()
+            stack.callback(close_zmq_sockets, tm)
+            sent = []        # the requests (a cancelled one's abort goes the same way: not kept)
+
+            def dispatch(obj):
+                if type(obj).__name__ == "TokenizedGenerateReqInput":
+                    sent.append(obj)
+            tm._dispatch_to_scheduler = dispatch
+            tm.auto_create_handle_loop = lambda: None
+            return tm, sent
+
+        yield build
+    receipts.forget("input_guard")
+
+
+def _http(host, client=None):
+    from starlette.requests import Request
+
+    async def receive():                # a client still connected: nothing more arrives
+        import asyncio
+
+        await asyncio.Event().wait()
+
+    headers = [(b"x-dsv41-client", client.encode())] if client else []
+    return Request({"type": "http", "method": "POST", "path": "/generate", "client": (host, 4242),
+                    "headers": headers}, receive)
+
+
+def _grammar_req(rid, schema=BIG, **sampling):
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    return GenerateReqInput(text="hi", rid=rid, stream=True,
+                            sampling_params={"json_schema": schema, "max_new_tokens": 4, **sampling})
+
+
+async def _dispatched(sent, count):
+    import asyncio
+
+    for _ in range(200):                # a few loop turns: tokenizing "hi" awaits nothing slow
+        if len(sent) >= count:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"{len(sent)} of {count} requests reached the scheduler's door")
+
+
+def _first_output(tm, rid):
+    state = tm.rid_to_state[rid]
+    state.out_list.append({"text": "{", "meta_info": {"id": rid}})
+    state.event.set()
+
+
+def test_one_clients_grammar_requests_are_bounded_and_another_client_is_served(share_manager):
+    import asyncio
+
+    tm, sent = share_manager({SHARE_KEY: "2"})
+    a, b = _http("10.0.0.1"), _http("10.0.0.2")
+
+    async def run():
+        waiting = [asyncio.ensure_future(tm.generate_request(_grammar_req(r), a).__anext__())
+                   for r in ("a1", "a2")]
+        await _dispatched(sent, 2)
+        with pytest.raises(ValueError) as refused:          # at the call: before any work
+            tm.generate_request(_grammar_req("a3"), a)
+        assert refused.value.status_code == 429
+        assert ("host 10.0.0.1 already has 2 requests with a grammar (json_schema, regex, ebnf, "
+                "structural_tag) not yet answered; this one would make 3, over this line's limit "
+                f"of 2 per client ({SHARE_KEY})") in str(refused.value)
+        # another client's ordinary schema, and the same client's request without a grammar
+        others = [asyncio.ensure_future(tm.generate_request(_grammar_req("b1", '{"type": "object"}'),
+                                                            b).__anext__()),
+                  asyncio.ensure_future(tm.generate_request(GenerateReqInput(
+                      text="hi", rid="a-plain", stream=True), a).__anext__())]
+        await _dispatched(sent, 4)
+        # a1's first output (its grammar compiled): a1 answered, a's next request admitted
+        _first_output(tm, "a1")
+        assert (await waiting[0])["meta_info"]["id"] == "a1"
+        more = asyncio.ensure_future(tm.generate_request(_grammar_req("a4"), a).__anext__())
+        await _dispatched(sent, 5)
+        # a2's client went away (its task cancelled, as the route's on a disconnect): uncounted
+        waiting[1].cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting[1]
+        later = asyncio.ensure_future(tm.generate_request(_grammar_req("a5"), a).__anext__())
+        await _dispatched(sent, 6)
+        with pytest.raises(ValueError, match="already has 2 requests"):
+            tm.generate_request(_grammar_req("a6"), a)
+        # a response generator dropped without being iterated: uncounted too
+        dropped = tm.generate_request(_grammar_req("b2"), b)
+        assert input_guard.hooks.INSTALLED["grammar_share"].pending["host 10.0.0.2"] == 2
+        del dropped
+        assert input_guard.hooks.INSTALLED["grammar_share"].pending["host 10.0.0.2"] == 1
+        for task in (*others, more, later):
+            task.cancel()
+        await asyncio.gather(*others, more, later, return_exceptions=True)
+
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    asyncio.run(run())
+    assert [t.rid for t in sent] == ["a1", "a2", "b1", "a-plain", "a4", "a5"]
+    assert input_guard.hooks.INSTALLED["grammar_share"].pending == {}     # every count released
+    assert receipts.counters["input_guard"]["rejected:grammar_compiles"] == 2
+
+
+@pytest.mark.parametrize("keys, sent_rids", [
+    # negative controls: the engine as stock admits the flood; with the header not trusted (the
+    # default) a client naming itself another client is still the same peer host
+    (None, ["a1", "a2", "a3"]),
+    ({SHARE_KEY: "2"}, ["a1", "a2"]),
+    # the header trusted (an operator's gateway sets it): two clients behind one host
+    ({SHARE_KEY: "2", "DSV41_INPUT_GUARD_CLIENT_HEADER": "1"}, ["a1", "a2", "a3"]),
+])
+def test_the_client_is_the_peers_host_unless_the_line_trusts_its_header(share_manager, keys,
+                                                                        sent_rids):
+    import asyncio
+
+    tm, sent = share_manager(keys)
+
+    async def run():
+        tasks = []
+        for rid, who in (("a1", "gw-a"), ("a2", "gw-a"), ("a3", "gw-b")):
+            try:
+                agen = tm.generate_request(_grammar_req(rid), _http("10.0.0.9", who))
+            except ValueError as exc:
+                assert "already has 2 requests" in str(exc) and exc.status_code == 429
+                continue
+            tasks.append(asyncio.ensure_future(agen.__anext__()))
+            await _dispatched(sent, len(tasks))
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(run())
+    assert [t.rid for t in sent] == sent_rids

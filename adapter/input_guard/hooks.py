@@ -4,17 +4,20 @@ installer's context. The engine's types are read here, at install; the rules sta
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import importlib
+import os
 import sys
 import time
+import weakref
 
 from adapter import receipts
 from adapter.input_guard.rules import (
-    FIELDS, KEY, LIMIT_KEYS, NAME, SESSIONS_OFF, Limits, Re2Search, Unchecked, check,
-    check_embedding_batch, check_ollama_options, check_parse_size, check_prompt_present,
-    check_samples, check_text_size, check_vertex, kind_of,
-    re2_module)
+    CLIENT_HEADER, FIELDS, GRAMMAR_SHARE_STATUS, KEY, LIMIT_KEYS, NAME, SESSIONS_OFF, Limits,
+    Re2Search, Unchecked, check, check_embedding_batch, check_grammar_share, check_ollama_options,
+    check_parse_size, check_prompt_present, check_samples, check_text_size, check_vertex,
+    client_of, compile_workers, grammar_requests, grammar_share, kind_of, re2_module)
 from adapter.input_guard.rules import check_body_text, check_request_logprobs
 from adapter.tp_group import all_reduce_max
 
@@ -36,8 +39,8 @@ def rejection_class():
         return ValueError
 
     class Rejected(ValueError, HTTPException):
-        def __init__(self, message: str):
-            HTTPException.__init__(self, status_code=400, detail=message)
+        def __init__(self, message: str, status_code: int = 400):
+            HTTPException.__init__(self, status_code=status_code, detail=message)
             ValueError.__init__(self, message)
 
         def __str__(self):
@@ -131,11 +134,13 @@ class Guard:
             self._logged.add(key)
             receipts.line(NAME, fmt, *args)
 
-    def reject(self, reason: str, message: str):
+    def reject(self, reason: str, message: str, status: int = 400):
         self.counters[f"rejected:{reason}"] += 1
-        self.once(reason, "rejected a request (HTTP 400): %s; further %s rejections are counted, "
-                  "not logged", message, reason)
-        raise self.rejected(message)
+        self.once(reason, "rejected a request (HTTP %d): %s; further %s rejections are counted, "
+                  "not logged", status, message, reason)
+        if status != 400 and self.rejected is not ValueError:
+            raise self.rejected(message, status)
+        raise self.rejected(message)    # without an HTTP layer: the engine's ValueError
 
 
 def chunked_prefill_size(tokenizer_manager) -> int | None:
@@ -456,6 +461,96 @@ def install_grammar_cache(ctx, guard: Guard) -> None:
     ctx.around("XGrammarGrammarBackend.__init__", backend_init)
 
 
+def also_around(ctx, qualname: str, hook) -> None:
+    """Wrap a row another part of this install already wraps (one hook per row): the earlier
+    hook runs inside this one, as the engine's call."""
+    rows = [r for r in getattr(ctx, "rows", ()) if qualname in (r.qualname, r.target)]
+    earlier = getattr(ctx, "hooks", {}).get(rows[0].target) if rows else None
+    if earlier is None:
+        ctx.around(qualname, hook)
+        return
+
+    def both(original, *args, **kwargs):
+        return hook(functools.partial(earlier, original), *args, **kwargs)
+
+    ctx.around(qualname, both)
+
+
+class GrammarShare:
+    """Each client's requests with a grammar not yet answered (this tokenizer manager's count)."""
+
+    def __init__(self):
+        self.pending: collections.Counter = collections.Counter()
+
+    def hold(self, client: str, n: int):
+        """Count n for client; the returned release (idempotent) uncounts them."""
+        self.pending[client] += n
+        done = []
+
+        def release():
+            if not done:
+                done.append(True)
+                self.pending[client] -= n
+                if self.pending[client] <= 0:
+                    del self.pending[client]
+        return release
+
+
+async def _held(inner, release):
+    """The engine's response generator, the request counted until its first output (the
+    scheduler has compiled its grammar by then) or its end (an error, an abort, a disconnect)."""
+    try:
+        async for out in inner:
+            release()
+            yield out
+    finally:
+        release()
+
+
+def install_grammar_share(ctx, guard: Guard) -> None:
+    """The grammar compile pool (issue 50): the scheduler compiles every grammar on one thread
+    pool, first come first served, and times a request out counting from when it was queued;
+    one client's large schemas held every worker and another client's two-field schema timed
+    out. Each client may have at most its share of requests with a grammar unanswered (counted
+    here, once, before the request is tokenized: no TP rank decides anything); one more is
+    answered 429 at once, naming the bound and the count."""
+    limits = guard.limits
+    workers = compile_workers(os.cpu_count())   # the engine's pool on this node (its default)
+    share = grammar_share(limits, os.cpu_count())
+    counts = GrammarShare()
+    INSTALLED["grammar_share"] = counts
+
+    def generate_request(original, self, obj, request=None, *args, **kwargs):
+        inner = original(self, obj, request, *args, **kwargs)   # the way-in checks raise first
+        if request is None:         # the in-process Engine API: the operator's own caller
+            return inner
+        try:
+            adding = grammar_requests(obj)
+            if not adding:
+                return inner
+            peer = getattr(request, "client", None)
+            header = request.headers.get(CLIENT_HEADER) if limits.client_header else None
+            client = client_of(getattr(peer, "host", None), header, limits.client_header)
+        except Exception as exc:  # noqa: BLE001 - not counted: the engine's pool as stock
+            ctx.fallback(f"grammar compile share not counted for a request ({type(exc).__name__}); "
+                         "it is sent as the engine would")
+            return inner
+        message = check_grammar_share(client, counts.pending[client], adding, share, workers)
+        if message is not None:
+            guard.reject("grammar_compiles", message, GRAMMAR_SHARE_STATUS)
+        release = counts.hold(client, adding)
+        out = _held(inner, release)
+        weakref.finalize(out, release)          # a response never iterated: uncounted when dropped
+        return out
+
+    also_around(ctx, "TokenizerManager.generate_request", generate_request)
+    receipts.line(NAME, "bounds each client's unanswered requests with a grammar to %d (%s; the "
+                  "engine's compile pool here: %d workers); the client is %s", share,
+                  LIMIT_KEYS["grammar_compiles"], workers,
+                  f"the {CLIENT_HEADER} header when a request has one, else the peer's host"
+                  if limits.client_header else "the peer's host")
+
+
 def use_re2(guard: Guard) -> None:
     """schedule_batch's `re` replaced by Re2Search (once the engine has imported that module)."""
     schedule_batch = sys.modules.get(SB)
@@ -725,7 +820,7 @@ def guard_app_text_routes(app) -> list[str]:
 # In this order (the order of their wraps in the installer's registry).
 PARTS = (install_check, install_sessions, install_way_in, install_own_aborts, install_exact_aborts,
          install_grammar_bound, install_grammar_cache, install_stop_regex, install_ollama,
-         install_routes)
+         install_routes, install_grammar_share)
 
 
 # The last install's guard (one install per process): the route wraps use it (guard_app_routes).

@@ -96,7 +96,9 @@ LIMIT_KEYS = {"n": "DSV41_INPUT_GUARD_MAX_N",
               "text_chars": "DSV41_INPUT_GUARD_MAX_TEXT_CHARS",
               "parse_chars": "DSV41_INPUT_GUARD_MAX_PARSE_CHARS",
               "grammar_cache": "DSV41_INPUT_GUARD_GRAMMAR_CACHE",
-              "grammar_cache_mb": "DSV41_INPUT_GUARD_GRAMMAR_CACHE_MB"}
+              "grammar_cache_mb": "DSV41_INPUT_GUARD_GRAMMAR_CACHE_MB",
+              "grammar_compiles": "DSV41_INPUT_GUARD_GRAMMAR_COMPILES_PER_CLIENT",
+              "client_header": "DSV41_INPUT_GUARD_CLIENT_HEADER"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +112,8 @@ class Limits:
     parse_chars: int = 32_768
     grammar_cache: int = 128
     grammar_cache_mb: int = 256
+    grammar_compiles: int = 0       # 0: half the engine's compile pool (grammar_share)
+    client_header: int = 0          # 1: the client is CLIENT_HEADER's value when a request has one
 
     @classmethod
     def from_ctx(cls, ctx) -> "Limits":
@@ -122,14 +126,16 @@ class Limits:
                    text_chars=value(LIMIT_KEYS["text_chars"]),
                    parse_chars=value(LIMIT_KEYS["parse_chars"]),
                    grammar_cache=value(LIMIT_KEYS["grammar_cache"]),
-                   grammar_cache_mb=value(LIMIT_KEYS["grammar_cache_mb"]))
+                   grammar_cache_mb=value(LIMIT_KEYS["grammar_cache_mb"]),
+                   grammar_compiles=value(LIMIT_KEYS["grammar_compiles"]),
+                   client_header=value(LIMIT_KEYS["client_header"]))
 
 
 REASONS = ("input_ids", *(f.name for f in FIELDS), *(n.name for n in SAMPLING_NUMBERS),
            "logit_bias", "stop", "stop_regex", "grammar", "sessions", "rid",
            *PROMPT_INDEX_FIELDS, "logprob_entries", "sampling_seed", "options", "vertex",
            "engine_value_error", "text_chars", "parse_chars", "sampling_params",
-           "unchecked")
+           "grammar_compiles", "unchecked")
 
 # Counter keys in receipts.counters["input_guard"] (series: adapter/metrics.py KEYS).
 COUNTERS = {
@@ -1018,3 +1024,68 @@ def check_request_logprobs(obj, limits: Limits):
             f"line's limit of {limits.logprob_entries:,} per request, all its prompts and samples "
             f"together ({LIMIT_KEYS['logprob_entries']}): the tokenizer manager converts them on "
             f"the HTTP event loop{counted_as}")
+
+
+# ---- the grammar compile pool: one client's share (issue 50) ----------------------------------------
+
+# The header that names the client when the line's DSV41_INPUT_GUARD_CLIENT_HEADER is 1: set by the
+# operator's gateway (which must overwrite what a client sends: a client free to set it can be as
+# many clients as it likes).
+CLIENT_HEADER = "x-dsv41-client"
+GRAMMAR_SHARE_STATUS = 429          # too many requests of this client at once: retry, nothing wrong
+
+
+def compile_workers(cpus: int | None) -> int:
+    """The engine's grammar compile pool: `BaseGrammarBackend.__init__` builds a
+    `ThreadPoolExecutor()`, whose default on this Python is min(32, cpus + 4) workers."""
+    return min(32, (cpus or 1) + 4)
+
+
+def grammar_share(limits: Limits, cpus: int | None) -> int:
+    """The most requests with a grammar one client may have unanswered at once: the line's
+    bound, or (0, the default) half the compile pool, so the other half is always free for the
+    other clients' compiles."""
+    if limits.grammar_compiles > 0:
+        return limits.grammar_compiles
+    return max(1, compile_workers(cpus) // 2)
+
+
+def grammar_requests(obj) -> int:
+    """How many requests with a grammar (json_schema, regex, ebnf, structural_tag) this request
+    sends the scheduler, before the engine normalises it: each prompt x n sample is its own
+    scheduler request, and each compiles its own grammar on a cache miss (the engine does not
+    join concurrent compiles of one grammar)."""
+    sp = getattr(obj, "sampling_params", None)
+    items = sp if isinstance(sp, list) else [sp] * _prompts(obj)
+    total = 0
+    for item in items:
+        if isinstance(item, dict) and any(item.get(f) is not None for f in GRAMMAR_FIELDS):
+            n = item.get("n", 1)
+            total += max(int(n), 1) if _is_int(n) else 1      # n's type: the choke point's check
+    return total
+
+
+def client_of(peer_host, header_value, use_header: int) -> str:
+    """Who a request's grammar compiles are counted against: the operator's header (when the line
+    trusts it and the request carries one), else the peer's host. Behind a gateway without the
+    header every request's peer is the gateway: one client, one share for the whole line."""
+    if use_header and isinstance(header_value, str) and header_value.strip():
+        return "header " + header_value.strip()[:128]
+    return "host " + peer_host if isinstance(peer_host, str) and peer_host else "host unknown"
+
+
+def check_grammar_share(client: str, pending: int, adding: int, share: int, workers: int):
+    """A message when a client's unanswered grammar requests (`pending`) plus this request's
+    (`adding`) are over its share of the compile pool, else None."""
+    if adding <= 0 or pending + adding <= share:
+        return None
+    key = LIMIT_KEYS["grammar_compiles"]
+    if adding > share:
+        return (f"this request sends {adding} requests with a grammar (prompts x n), over this "
+                f"line's limit of {share} unanswered grammar requests per client ({key}): the "
+                f"engine compiles each on a pool of {workers} workers shared by every client; "
+                f"split it into requests of at most {share}")
+    return (f"{client} already has {pending} requests with a grammar (json_schema, regex, ebnf, "
+            f"structural_tag) not yet answered; this one would make {pending + adding}, over this "
+            f"line's limit of {share} per client ({key}): the engine compiles grammars on a pool "
+            f"of {workers} workers shared by every client; retry when one of them has answered")

@@ -44,7 +44,11 @@ ARGS = {**PROD_ARGS, "--enable-metrics": ""}
 # The grammar step bound at 20 ms on this boot (the production default is 100): the ambiguous
 # grammar's steps grow past 20 ms on any run of this CPU within its 400 tokens; at 100 ms one run
 # stayed under (2026-12-07) and the request was served whole.
-KEYS = {**PROD_KEYS, "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS": "20"}
+KEYS = {**PROD_KEYS, "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS": "20",
+        # one compile per client on this boot (the default, half the pool, is 3 here): three
+        # compile threads on these 2 cores slowed the ordinary grammar's steps past the 20 ms above
+        # (36 ms measured), and the step bound finished it
+        "DSV41_INPUT_GUARD_GRAMMAR_COMPILES_PER_CLIENT": "1"}
 PROMPT = "The quick brown fox"
 P8 = [5, 6, 7, 8, 9, 10, 11, 12]
 SCORING = {"return_logprob": True, "logprob_start_len": 0, "token_ids_logprob": [5, 6]}
@@ -218,3 +222,95 @@ def test_a_batch_over_the_log_prob_bound_together_is_refused_while_each_prompt_i
     assert len(alone.json()["meta_info"]["input_top_logprobs"]) == 520
     probe = server.generate(P8, max_new_tokens=4)
     assert probe["meta_info"]["completion_tokens"] == 4
+
+
+# --- the grammar compile pool: one client's share (issue 50) -----------------------------------
+# Two clients by their peer host (the line's default identity): the flood from 127.0.0.1, the
+# ordinary client from 127.0.0.2 (loopback answers every 127/8 source). The share: KEYS above.
+ORDINARY = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                             "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+            "required": ["name", "age"], "additionalProperties": False}
+
+
+def _flood_schema(salt: int) -> str:
+    # 40 string properties of 700-character counted patterns: 3.3 KB of schema that xgrammar takes
+    # seconds to compile on this CPU with the dense model's tokenizer (measured: 40 x 1000 5.7 s,
+    # 40 x 400 1.1 s); each salt its own schema (no cache hit between the flood's requests)
+    props = {f"f{salt}_{i}": {"type": "string", "pattern": f"[a-z0-9]{{700}}-[a-z]{{1,700}}"}
+             for i in range(40)}
+    return json.dumps({"type": "object", "properties": props, "required": list(props)})
+
+
+def _from_host(server, source: str, body: dict) -> tuple[int, dict]:
+    import http.client
+    from urllib.parse import urlparse
+
+    url = urlparse(server.url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=300, source_address=(source, 0))
+    try:
+        conn.request("POST", "/generate", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+def _whitespace_ids() -> dict:
+    """logit_bias against the dense tokenizer's whitespace-only tokens: the engine's JSON grammar
+    admits any whitespace between tokens and this random model, greedy, picks tabs for ever (400
+    of them, measured); the client asks for compact JSON instead (the line's args unchanged)."""
+    from transformers import AutoTokenizer
+
+    from adapter.cpu import models
+
+    tok = AutoTokenizer.from_pretrained(str(models.ensure_model(MODEL)))
+    return {str(i): -100.0 for i in range(tok.vocab_size)
+            if (piece := tok.decode([i])) and not piece.strip()}
+
+
+def _ordinary(server) -> dict:
+    status, out = _from_host(server, "127.0.0.2", {
+        "text": PROMPT, "sampling_params": {"json_schema": json.dumps(ORDINARY), "temperature": 0.0,
+                                            "max_new_tokens": 400, "logit_bias": _whitespace_ids()}})
+    assert status == 200, out
+    assert out["meta_info"]["finish_reason"]["type"] == "stop", out     # the grammar completed
+    try:
+        value = json.loads(out["text"])                 # valid JSON, the schema's two fields
+    except ValueError as exc:
+        raise AssertionError(f"not JSON: {out['text']!r}") from exc
+    assert set(value) == {"name", "age"} and isinstance(value["age"], int), out["text"]
+    return value
+
+
+def test_one_clients_grammar_flood_leaves_the_pool_to_another_clients_schema(server):
+    share = int(KEYS["DSV41_INPUT_GUARD_GRAMMAR_COMPILES_PER_CLIENT"])
+    flood = share + 3
+    answers: dict = {}
+    threads = [threading.Thread(target=lambda i=i: answers.__setitem__(i, _post(server, "/generate", {
+        "text": PROMPT, "sampling_params": {"json_schema": _flood_schema(i), "max_new_tokens": 4}},
+        timeout=300))) for i in range(flood)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 120                   # a bound on the wait, not a verdict
+    while sum(r.status_code == 429 for r in list(answers.values())) < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pending_when_sent = flood - len(answers)            # flood requests compiling at that moment
+    try:
+        during = _ordinary(server)
+    finally:                                            # the flood answered before the next case
+        for t in threads:
+            t.join(timeout=300)
+    refused = [r for r in answers.values() if r.status_code == 429]
+    served = [r for r in answers.values() if r.status_code != 429]
+    assert refused and len(served) <= share + len(refused), [r.status_code for r in answers.values()]
+    for r in refused:
+        assert "DSV41_INPUT_GUARD_GRAMMAR_COMPILES_PER_CLIENT" in r.text, r.text
+        assert f"host 127.0.0.1 already has {share} requests with a grammar" in r.text, r.text
+    for r in served:                                    # the admitted flood: the engine's answers
+        assert r.status_code in (200, 400), r.text[:300]
+    assert pending_when_sent >= 1                       # the ordinary schema went in during the flood
+    assert during and _ordinary(server)                 # and again after the flood
+    text = requests.get(server.url + "/metrics", timeout=30).text
+    line = next(ln for ln in text.splitlines() if ln.startswith("dsv41_input_guard_rejected_total")
+                and 'reason="grammar_compiles"' in ln)
+    assert float(line.rsplit(" ", 1)[1]) >= len(refused), line
