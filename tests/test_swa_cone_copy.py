@@ -378,6 +378,25 @@ def test_no_copy_switch_says_so_for_every_replay(pool, caplog):
         for rid, a, b in (("A", s, F), ("B", 0, 256))]
 
 
+
+def test_no_mask_switch_copies_sets_no_mask_and_says_so_for_every_replay(pool, caplog):
+    """DSV41_SWA_CONE_TEST_NO_MASK (test only, the negative control of the write mask): both
+    replays copied as usual, no compress-row mask on the batch (the replay rows write their own
+    latents / index keys over the copies), one loud line per replay naming the switch."""
+    s, F, tail, other = 512, 1024, 100, 300
+    r2t = torch.zeros(4, PAGES * P, dtype=torch.int32)
+    fb = _batch(r2t, s=s, F=F, tail=tail, other=other)
+    cone = _two_plans(s, F, tail, no_mask=True)
+    with caplog.at_level(logging.INFO, logger="sglang.dsv41"):
+        applied = cone.apply(fb, pool=pool, req_to_token=r2t, page_size=P)
+    assert [plan.rid for plan, _ in applied] == ["A", "B"]             # copied as usual
+    assert fb.encoder_swa_compress_rows is None                         # no write mask
+    removed = [m for m in _lines(caplog) if m.startswith("TEST ONLY write mask")]
+    assert removed == [
+        f"TEST ONLY write mask REMOVED request={rid} rows=[{a},{b}): DSV41_SWA_CONE_TEST_NO_MASK=1, "
+        "the replay rows write their own latents / index keys over the copied ones; this output is "
+        "not cone's" for rid, a, b in (("A", s, F), ("B", 0, 256))]
+
 def _lines(caplog):
     return [r.getMessage().split("[dsv41] swa_cone ", 1)[-1] for r in caplog.records]
 
