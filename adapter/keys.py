@@ -98,12 +98,15 @@ KEYS: tuple[Key, ...] = (
         doc="input_guard: a constrained-decoding request whose grammar takes longer than this in "
             "one decode step (xgrammar mask or accept) is finished with that reason; the batch "
             "goes on"),
-    Key("DSV41_INPUT_GUARD_MAX_TEXT_CHARS", "int", "input_guard", default=1_000_000, lo=1,
+    Key("DSV41_INPUT_GUARD_MAX_TEXT_CHARS", "int", "input_guard", default=0, lo=0,
         hi=10**10, doc="input_guard: the most prompt text characters one request may send (all its "
                        "prompts), and the text of a chat-like route's body (every string, one "
                        "per list item) before its handler renders, tokenizes or decodes it; the "
                        "engine does that work on the HTTP server, so more gets HTTP 400 naming "
-                       "this key before any of it (send input_ids)"),
+                       "this key before any of it (send input_ids). 0 (the default): 8 "
+                       "characters per token of the line's context length (8,388,608 at "
+                       "--context-length 1048576): a text longer than that does not fit the "
+                       "context"),
     Key("DSV41_INPUT_GUARD_MAX_PARSE_CHARS", "int", "input_guard", default=32_768, lo=1,
         hi=10**9, doc="input_guard: the most text characters /parse_function_call and "
                       "/separate_reasoning parse on the HTTP event loop; more gets HTTP 400 "

@@ -364,7 +364,9 @@ HOOKS: tuple[Hook, ...] = (
     # when the routes are wrapped: this row installs while the HTTP module is still importing)
     Hook("input_guard", _TM, "TokenizerManager.__init__", touches=(
         f"{_IO}:VertexGenerateReqInput", f"{_IO}:GenerateReqInput",
-        f"{_IO}:ParseFunctionCallReq", f"{_IO}:SeparateReasoningReqInput")),
+        f"{_IO}:ParseFunctionCallReq", f"{_IO}:SeparateReasoningReqInput",
+        # the text bound's default: 8 characters per token of the context length it serves
+        f"{_TM}:TokenizerManager.context_len")),
     # admin_guard: where the engine adds its auth middleware (before uvicorn starts), add ours
     # when no admin key is configured: ADMIN_OPTIONAL routes get the engine's ADMIN_FORCE answer
     # (403) through the engine's own route match and decision; its post-warmup /freeze_gc passes.

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from adapter import input_guard as ig
+from adapter.input_guard import rules
 from test_input_guard import VOCAB, _req
 
 F32 = ig.FLOAT32_MAX
@@ -444,8 +445,25 @@ def test_limits_from_the_lines_keys():
         2, 3, 4, 5, 6, 7, 8, 9, 10, 1)
     assert ig.Limits.from_ctx(types.SimpleNamespace()) == ig.Limits()
     assert ig.Limits() == ig.Limits(n=128, logprob_entries=1_000_000, stop_chars=4096,
-                                    grammar_step_ms=100, text_chars=1_000_000, parse_chars=32_768,
+                                    grammar_step_ms=100, text_chars=0, parse_chars=32_768,
                                     grammar_cache=128, grammar_cache_mb=256)
+
+
+def test_the_text_bound_defaults_to_eight_characters_per_token_of_the_context():
+    """DSV41_INPUT_GUARD_MAX_TEXT_CHARS 0 (the default): 8 x the context length once the tokenizer
+    manager knows it (the line's 1,048,576 tokens: 8,388,608 characters, so no prompt that fits
+    the context is refused); an operator's value kept; before it is known, 1,000,000."""
+    assert ig.Limits().text_limit == 1_000_000
+    line = ig.Limits().with_context(1_048_576)
+    assert line.text_chars == line.text_limit == 8_388_608
+    assert ig.Limits().with_context(32_768).text_limit == 262_144
+    assert ig.Limits(text_chars=5).with_context(1_048_576).text_limit == 5     # the operator's
+    assert ig.Limits(text_chars=5).text_limit == 5
+    for unreadable in (None, 0, -1, "32768", 2.5):
+        assert ig.Limits().with_context(unreadable) == ig.Limits(), unreadable
+    assert ig.check_text_size(types.SimpleNamespace(text="a" * 262_144), ig.Limits().with_context(32_768)) is None
+    message = ig.check_text_size(types.SimpleNamespace(text="a" * 262_145), ig.Limits().with_context(32_768))
+    assert "text has 262,145 characters, over this line's limit of 262,144 per request" in message
 
 
 # --- the grammar compile pool: one client's share (issue 50) -----------------------------------
@@ -516,3 +534,16 @@ def test_limits_read_the_grammar_share_keys():
     limits = ig.Limits.from_ctx(types.SimpleNamespace(value=values.__getitem__))
     assert (limits.grammar_compiles, limits.client_header) == (7, 1)
     assert (ig.Limits().grammar_compiles, ig.Limits().client_header) == (0, 0)
+
+
+def test_a_single_embeddings_prompt_is_one_prompt_not_a_batch():
+    """A single input_embeds prompt is itself a list of vectors (the engine's _determine_batch_size
+    looks one level deeper): 200 positions are one prompt, not 200 (once refused as 200 samples);
+    a list of such prompts is a batch."""
+    single = types.SimpleNamespace(text=None, input_ids=None, input_embeds=[[0.5, 0.25]] * 200,
+                                   sampling_params={"max_new_tokens": 1})
+    assert rules._prompts(single) == 1 and ig.check_samples(single, ig.Limits()) is None
+    batch = types.SimpleNamespace(text=None, input_ids=None, input_embeds=[[[0.5, 0.25]] * 3] * 200,
+                                  sampling_params={"max_new_tokens": 1})
+    assert rules._prompts(batch) == 200
+    assert "200 samples (200 prompts" in ig.check_samples(batch, ig.Limits())

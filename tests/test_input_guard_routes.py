@@ -220,11 +220,15 @@ def test_text_longer_than_the_bound_is_refused_before_it_is_tokenized(client, mo
         return await real(self, obj)
 
     monkeypatch.setattr(TokenizerManager, "_tokenize_one_request", spy)
-    resp = client.post("/generate", json={"text": "a" * 1_000_001, "sampling_params": {"max_new_tokens": 1}})
+    # the bound: 8 characters per token of the context this manager serves (the dense model's
+    # 32,768 positions), the key unset
+    resp = client.post("/generate", json={"text": "a" * 262_145, "sampling_params": {"max_new_tokens": 1}})
     assert resp.status_code == 400, resp.text
-    assert ("text has 1,000,001 characters, over this line's limit of 1,000,000 per request "
+    assert ("text has 262,145 characters, over this line's limit of 262,144 per request "
             "(DSV41_INPUT_GUARD_MAX_TEXT_CHARS)") in resp.text
     assert tokenized == [] and sent == []
+    client.post("/generate", json={"text": "a" * 262_144, "sampling_params": {"max_new_tokens": 1}})
+    assert len(tokenized) == 1              # at the bound: tokenized (the engine's own checks follow)
 
 
 @pytest.mark.parametrize("path, body", [
@@ -422,6 +426,11 @@ def _http(host, client=None):
                     "headers": headers}, receive)
 
 
+def _big(salt):
+    """A schema of its own per salt (a grammar this line has not answered)."""
+    return BIG.replace('"a"', f'"{salt}"')
+
+
 def _grammar_req(rid, schema=BIG, **sampling):
     from sglang.srt.managers.io_struct import GenerateReqInput
 
@@ -452,11 +461,11 @@ def test_one_clients_grammar_requests_are_bounded_and_another_client_is_served(s
     a, b = _http("10.0.0.1"), _http("10.0.0.2")
 
     async def run():
-        waiting = [asyncio.ensure_future(tm.generate_request(_grammar_req(r), a).__anext__())
+        waiting = [asyncio.ensure_future(tm.generate_request(_grammar_req(r, _big(r)), a).__anext__())
                    for r in ("a1", "a2")]
         await _dispatched(sent, 2)
         with pytest.raises(ValueError) as refused:          # at the call: before any work
-            tm.generate_request(_grammar_req("a3"), a)
+            tm.generate_request(_grammar_req("a3", _big("a3")), a)
         assert refused.value.status_code == 429
         assert ("host 10.0.0.1 already has 2 requests with a grammar (json_schema, regex, ebnf, "
                 "structural_tag) not yet answered; this one would make 3, over this line's limit "
@@ -467,19 +476,20 @@ def test_one_clients_grammar_requests_are_bounded_and_another_client_is_served(s
                   asyncio.ensure_future(tm.generate_request(GenerateReqInput(
                       text="hi", rid="a-plain", stream=True), a).__anext__())]
         await _dispatched(sent, 4)
-        # a1's first output (its grammar compiled): a1 answered, a's next request admitted
+        # a1's first output (its grammar compiled): a1 answered, a's next request (another new
+        # schema) admitted
         _first_output(tm, "a1")
         assert (await waiting[0])["meta_info"]["id"] == "a1"
-        more = asyncio.ensure_future(tm.generate_request(_grammar_req("a4"), a).__anext__())
+        more = asyncio.ensure_future(tm.generate_request(_grammar_req("a4", _big("a4")), a).__anext__())
         await _dispatched(sent, 5)
         # a2's client went away (its task cancelled, as the route's on a disconnect): uncounted
         waiting[1].cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting[1]
-        later = asyncio.ensure_future(tm.generate_request(_grammar_req("a5"), a).__anext__())
+        later = asyncio.ensure_future(tm.generate_request(_grammar_req("a5", _big("a5")), a).__anext__())
         await _dispatched(sent, 6)
         with pytest.raises(ValueError, match="already has 2 requests"):
-            tm.generate_request(_grammar_req("a6"), a)
+            tm.generate_request(_grammar_req("a6", _big("a6")), a)
         # a response generator dropped without being iterated: uncounted too
         dropped = tm.generate_request(_grammar_req("b2"), b)
         assert input_guard.hooks.INSTALLED["grammar_share"].pending["host 10.0.0.2"] == 2
@@ -495,6 +505,61 @@ def test_one_clients_grammar_requests_are_bounded_and_another_client_is_served(s
     assert [t.rid for t in sent] == ["a1", "a2", "b1", "a-plain", "a4", "a5"]
     assert input_guard.hooks.INSTALLED["grammar_share"].pending == {}     # every count released
     assert receipts.counters["input_guard"]["rejected:grammar_compiles"] == 2
+
+
+def _answer(tm, rid, aborted=False):
+    """rid's first output: the engine's answer, or (aborted) the FINISH_ABORT of a grammar that
+    failed to compile."""
+    state = tm.rid_to_state[rid]
+    reason = {"type": "abort", "message": "Failed to compile json grammar"} if aborted else None
+    state.out_list.append({"text": "" if aborted else "{", "meta_info": {"id": rid, "finish_reason": reason}})
+    state.event.set()
+
+
+def test_a_grammar_the_line_has_answered_is_not_counted_again(share_manager):
+    """The scheduler keeps a compiled grammar in its cache: a request with a grammar this line has
+    answered takes no compile worker, so it is not counted against its client's share (an app
+    sending many requests with its one schema is not held to the share). A grammar whose request
+    was aborted (failed to compile) is not remembered: its next request is counted."""
+    import asyncio
+
+    tm, sent = share_manager({SHARE_KEY: "1"})
+    a = _http("10.0.0.1")
+    other = '{"type": "object", "properties": {"b": {"type": "integer"}}}'
+    broken = '{"type": "object", "properties": {"c": {"type": "string"}}}'
+
+    async def run():
+        first = asyncio.ensure_future(tm.generate_request(_grammar_req("r1"), a).__anext__())
+        await _dispatched(sent, 1)
+        with pytest.raises(ValueError, match="already has 1 requests"):   # BIG not answered yet
+            tm.generate_request(_grammar_req("r2"), a)
+        _answer(tm, "r1")
+        await first
+        # BIG answered: three more of it at once, none counted
+        again = [asyncio.ensure_future(tm.generate_request(_grammar_req(r), a).__anext__())
+                 for r in ("r3", "r4", "r5")]
+        await _dispatched(sent, 4)
+        assert input_guard.hooks.INSTALLED["grammar_share"].pending == {}
+        # a new schema is counted (the share is 1), a second new one beside it refused
+        fresh = asyncio.ensure_future(tm.generate_request(_grammar_req("r6", broken), a).__anext__())
+        await _dispatched(sent, 5)
+        with pytest.raises(ValueError, match="already has 1 requests"):
+            tm.generate_request(_grammar_req("r7", other), a)
+        _answer(tm, "r6", aborted=True)                 # that schema failed to compile
+        await fresh
+        # not remembered: counted again, so a second new schema beside it is refused again
+        retry = asyncio.ensure_future(tm.generate_request(_grammar_req("r8", broken), a).__anext__())
+        await _dispatched(sent, 6)
+        with pytest.raises(ValueError, match="already has 1 requests"):
+            tm.generate_request(_grammar_req("r9", other), a)
+        for task in (*again, retry):
+            task.cancel()
+        await asyncio.gather(*again, retry, return_exceptions=True)
+
+    asyncio.run(run())
+    assert [t.rid for t in sent] == ["r1", "r3", "r4", "r5", "r6", "r8"]
+    share = input_guard.hooks.INSTALLED["grammar_share"]
+    assert share.pending == {} and len(share.answered) == 1
 
 
 @pytest.mark.parametrize("keys, sent_rids", [

@@ -14,10 +14,11 @@ import weakref
 
 from adapter import receipts
 from adapter.input_guard.rules import (
-    CLIENT_HEADER, FIELDS, GRAMMAR_SHARE_STATUS, KEY, LIMIT_KEYS, NAME, SESSIONS_OFF, Limits,
+    CLIENT_HEADER, FIELDS, GRAMMAR_SHARE_STATUS, KEY, LIMIT_KEYS, NAME, SESSIONS_OFF,
+    TEXT_CHARS_PER_TOKEN, Limits,
     Re2Search, Unchecked, check, check_embedding_batch, check_grammar_share, check_ollama_options,
     check_parse_size, check_prompt_present, check_samples, check_text_size, check_vertex,
-    client_of, compile_workers, grammar_requests, grammar_share, kind_of, re2_module)
+    client_of, compile_workers, grammar_keys, grammar_share, kind_of, re2_module)
 from adapter.input_guard.rules import check_body_text, check_request_logprobs
 from adapter.tp_group import all_reduce_max
 
@@ -193,9 +194,8 @@ def install_way_in(ctx, guard: Guard) -> None:
     """What is spent before the choke point, bounded before it is spent: the engine's
     normalisation (first thing in generate_request) expands the request into prompts x n samples,
     and the tokenizer manager tokenizes text on the HTTP event loop."""
-    limits = guard.limits
-
     def generate_request(original, self, obj, *args, **kwargs):
+        limits = guard.limits           # read per call: the text bound resolves at the manager's init
         message = check_prompt_present(obj)
         if message is not None:
             guard.reject("input_ids", message)
@@ -477,10 +477,15 @@ def also_around(ctx, qualname: str, hook) -> None:
 
 
 class GrammarShare:
-    """Each client's requests with a grammar not yet answered (this tokenizer manager's count)."""
+    """Each client's requests with a grammar not yet answered (this tokenizer manager's count),
+    and the grammars this line has answered (the scheduler has them compiled and cached)."""
 
-    def __init__(self):
+    def __init__(self, remember: int = 128):
         self.pending: collections.Counter = collections.Counter()
+        # grammar key -> None, oldest first, at most `remember` (the scheduler's cache bound:
+        # one it evicted compiles again uncounted, at most that many)
+        self.answered: collections.OrderedDict = collections.OrderedDict()
+        self.remember = max(int(remember), 0)
 
     def hold(self, client: str, n: int):
         """Count n for client; the returned release (idempotent) uncounts them."""
@@ -495,13 +500,39 @@ class GrammarShare:
                     del self.pending[client]
         return release
 
+    def known(self, key) -> bool:
+        return key in self.answered
 
-async def _held(inner, release):
+    def note_answered(self, keys) -> None:
+        for key in keys:
+            self.answered[key] = None
+            self.answered.move_to_end(key)
+        while len(self.answered) > self.remember:
+            self.answered.popitem(last=False)
+
+
+def _answered(out) -> bool:
+    """An output of the engine's response generator that is not an abort (a grammar that failed
+    to compile, timed out or was refused ends its request with FINISH_ABORT)."""
+    for item in out if isinstance(out, list) else [out]:
+        meta = item.get("meta_info") if isinstance(item, dict) else None
+        reason = meta.get("finish_reason") if isinstance(meta, dict) else None
+        if not isinstance(meta, dict) or (isinstance(reason, dict) and reason.get("type") == "abort"):
+            return False
+    return True
+
+
+async def _held(inner, release, on_answered=None):
     """The engine's response generator, the request counted until its first output (the
-    scheduler has compiled its grammar by then) or its end (an error, an abort, a disconnect)."""
+    scheduler has compiled its grammar by then) or its end (an error, an abort, a disconnect).
+    `on_answered` runs once, at the first output that is not an abort: the grammar is compiled."""
     try:
         async for out in inner:
             release()
+            if on_answered is not None:
+                if _answered(out):
+                    on_answered()
+                on_answered = None
             yield out
     finally:
         release()
@@ -517,7 +548,7 @@ def install_grammar_share(ctx, guard: Guard) -> None:
     limits = guard.limits
     workers = compile_workers(os.cpu_count())   # the engine's pool on this node (its default)
     share = grammar_share(limits, os.cpu_count())
-    counts = GrammarShare()
+    counts = GrammarShare(limits.grammar_cache)
     INSTALLED["grammar_share"] = counts
 
     def generate_request(original, self, obj, request=None, *args, **kwargs):
@@ -525,7 +556,10 @@ def install_grammar_share(ctx, guard: Guard) -> None:
         if request is None:         # the in-process Engine API: the operator's own caller
             return inner
         try:
-            adding = grammar_requests(obj)
+            # a grammar this line has answered is compiled and cached in the scheduler: its
+            # requests take no compile worker and are not counted
+            new = [(key, count) for key, count in grammar_keys(obj) if not counts.known(key)]
+            adding = sum(count for _, count in new)
             if not adding:
                 return inner
             peer = getattr(request, "client", None)
@@ -539,14 +573,15 @@ def install_grammar_share(ctx, guard: Guard) -> None:
         if message is not None:
             guard.reject("grammar_compiles", message, GRAMMAR_SHARE_STATUS)
         release = counts.hold(client, adding)
-        out = _held(inner, release)
+        out = _held(inner, release, functools.partial(counts.note_answered, [key for key, _ in new]))
         weakref.finalize(out, release)          # a response never iterated: uncounted when dropped
         return out
 
     also_around(ctx, "TokenizerManager.generate_request", generate_request)
-    receipts.line(NAME, "bounds each client's unanswered requests with a grammar to %d (%s; the "
-                  "engine's compile pool here: %d workers); the client is %s", share,
-                  LIMIT_KEYS["grammar_compiles"], workers,
+    receipts.line(NAME, "bounds each client's unanswered requests with a grammar this line has not "
+                  "answered before to %d (%s; the engine's compile pool here: %d workers; the "
+                  "last %d grammars answered are not counted); the client is %s", share,
+                  LIMIT_KEYS["grammar_compiles"], workers, counts.remember,
                   f"the {CLIENT_HEADER} header when a request has one, else the peer's host"
                   if limits.client_header else "the peer's host")
 
@@ -713,6 +748,24 @@ def guard_routes(app, guard: Guard, fallback) -> list[str]:
     return wrapped
 
 
+def resolve_text_bound(tokenizer_manager, guard: Guard, fallback) -> None:
+    """DSV41_INPUT_GUARD_MAX_TEXT_CHARS 0 (the default) becomes TEXT_CHARS_PER_TOKEN characters per
+    token of the context length this tokenizer manager serves (the model's, or --context-length),
+    with one line saying so; an operator's value is kept. Unreadable: a fallback line, and the
+    rules' bound for an unknown context."""
+    if guard.limits.text_chars > 0:
+        return
+    context_len = getattr(tokenizer_manager, "context_len", None)
+    guard.limits = guard.limits.with_context(context_len)
+    if guard.limits.text_chars > 0:
+        receipts.line(NAME, "bounds a request's text to %d characters (%s unset: %d per token of the "
+                      "context length %d, more than fits the context)", guard.limits.text_chars,
+                      LIMIT_KEYS["text_chars"], TEXT_CHARS_PER_TOKEN, context_len)
+    else:
+        fallback(f"the text bound could not read the context length ({context_len!r}); it is "
+                 f"{guard.limits.text_limit} characters ({LIMIT_KEYS['text_chars']} sets it)")
+
+
 def install_routes(ctx, guard: Guard) -> None:
     """The route wraps, where the launcher builds its tokenizer manager: after the engine's HTTP
     module (and its app) exists, before uvicorn serves. (Not a row on the app's setup function:
@@ -720,6 +773,7 @@ def install_routes(ctx, guard: Guard) -> None:
     installer imports together, the HTTP server's in the scheduler too.)"""
     def tokenizer_manager_init(original, self, *args, **kwargs):
         out = original(self, *args, **kwargs)
+        resolve_text_bound(self, guard, ctx.fallback)
         http = sys.modules.get(HTTP)
         if http is None:        # an Engine without the HTTP server: no route to wrap
             return out
@@ -806,7 +860,7 @@ def install_text_routes(app, guard: Guard, fallback) -> None:
         if paths:
             receipts.line(NAME, "bounds the text of %s to %d characters per request (%s) before "
                           "their handlers render, tokenize or decode it", ", ".join(paths),
-                          guard.limits.text_chars, LIMIT_KEYS["text_chars"])
+                          guard.limits.text_limit, LIMIT_KEYS["text_chars"])
     except Exception as exc:  # noqa: BLE001 - never stop the server from starting
         fallback(f"the chat-route text bound could not be added ({type(exc).__name__}: {exc}); "
                  "those routes render and tokenize as the engine does")
@@ -840,12 +894,14 @@ def install(ctx) -> str:
         part(ctx, guard)
     limits, re2 = guard.limits, guard.re2
     receipts.line(NAME, "bounds what a request costs others before its check (issue 50): samples "
-                  "(prompts x n) <= %d per request, text <= %d characters before tokenizing, "
+                  "(prompts x n) <= %d per request, text <= %s characters before tokenizing, "
                   "/parse_function_call and /separate_reasoning text <= %d characters; a refused "
                   "request's abort takes nothing of another's; grammar caches <= %d entries and "
                   "%d MB (xgrammar), a compile timeout never cached; a grammar over the step "
                   "bound answers 400; Ollama options.seed -> sampling_seed; /vertex_generate "
-                  "bodies checked before its handler", limits.n, limits.text_chars,
+                  "bodies checked before its handler", limits.n,
+                  f"{limits.text_chars}" if limits.text_chars else
+                  f"{TEXT_CHARS_PER_TOKEN} x the context length",
                   limits.parse_chars, limits.grammar_cache, limits.grammar_cache_mb)
     return (f"{KEY}=1: every request's tokenized fields are checked in the tokenizer manager before "
             "the scheduler (prompt ids, logprob_start_len, top_logprobs_num, lora_id, "

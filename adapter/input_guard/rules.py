@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import json
 import typing
 from array import array
 
@@ -101,6 +103,17 @@ LIMIT_KEYS = {"n": "DSV41_INPUT_GUARD_MAX_N",
               "client_header": "DSV41_INPUT_GUARD_CLIENT_HEADER"}
 
 
+# DSV41_INPUT_GUARD_MAX_TEXT_CHARS 0 (the default) is this many characters per token of the line's
+# context length: a text longer than that does not fit the context (a token of a byte-level BPE
+# averages 3-4 characters of prose or code; 8 leaves room for runs a token covers more of), so
+# the bound refuses no request the line could serve, and its tokenizing on the HTTP event loop
+# is bounded by what the line serves anyway.
+TEXT_CHARS_PER_TOKEN = 8
+# The text bound before the line's context length is known (no tokenizer manager built yet: the
+# rules' own tests), or when it cannot be read (a fallback line says so).
+TEXT_CHARS_UNKNOWN_CONTEXT = 1_000_000
+
+
 @dataclasses.dataclass(frozen=True)
 class Limits:
     """Per-request cost bounds an operator sets (adapter/keys.py); defaults no ordinary client hits."""
@@ -108,12 +121,25 @@ class Limits:
     logprob_entries: int = 1_000_000
     stop_chars: int = 4096
     grammar_step_ms: int = 100
-    text_chars: int = 1_000_000
+    text_chars: int = 0             # 0: TEXT_CHARS_PER_TOKEN x the line's context length (with_context)
     parse_chars: int = 32_768
     grammar_cache: int = 128
     grammar_cache_mb: int = 256
     grammar_compiles: int = 0       # 0: half the engine's compile pool (grammar_share)
     client_header: int = 0          # 1: the client is CLIENT_HEADER's value when a request has one
+
+    @property
+    def text_limit(self) -> int:
+        """The text bound the checks apply: the line's, or TEXT_CHARS_UNKNOWN_CONTEXT while 0 is
+        not yet resolved against a context length."""
+        return self.text_chars if self.text_chars > 0 else TEXT_CHARS_UNKNOWN_CONTEXT
+
+    def with_context(self, context_len) -> "Limits":
+        """text_chars 0 resolved to TEXT_CHARS_PER_TOKEN x context_len (an operator's value kept;
+        an unreadable context length leaves it to text_limit's)."""
+        if self.text_chars > 0 or not _is_int(context_len) or context_len <= 0:
+            return self
+        return dataclasses.replace(self, text_chars=TEXT_CHARS_PER_TOKEN * context_len)
 
     @classmethod
     def from_ctx(cls, ctx) -> "Limits":
@@ -740,15 +766,10 @@ def check_vertex(instances, parameters, request_fields: frozenset, sampling_fiel
 
 def _prompts(obj) -> int:
     """How many prompts a GenerateReqInput carries before the engine normalises it (its batch
-    form: a list of texts, a list of id lists, a list of embeddings)."""
-    for name in ("text", "input_ids", "input_embeds"):
-        value = getattr(obj, name, None)
-        if value is None:
-            continue
-        if name == "text":
-            return len(value) if isinstance(value, list) else 1
-        return len(value) if isinstance(value, list) and value and isinstance(value[0], list) else 1
-    return 1
+    form: a list of texts, a list of id lists, a list of embeddings; a single embeddings prompt
+    is itself a list of vectors), as the engine's `_determine_batch_size` counts them."""
+    shape = _batch_shape(obj)
+    return shape[0] if shape is not None else 1
 
 
 def check_samples(obj, limits: Limits):
@@ -784,9 +805,9 @@ def check_text_size(obj, limits: Limits):
         total = sum(len(t) for t in text if isinstance(t, str))
     else:
         return None
-    if total <= limits.text_chars:
+    if total <= limits.text_limit:
         return None
-    return (f"text has {total:,} characters, over this line's limit of {limits.text_chars:,} per "
+    return (f"text has {total:,} characters, over this line's limit of {limits.text_limit:,} per "
             f"request ({LIMIT_KEYS['text_chars']}): the engine tokenizes text on its HTTP event "
             "loop, where every other client waits; send the prompt as input_ids instead")
 
@@ -905,7 +926,7 @@ def check_body_text(body, route: str, limits: Limits):
     skip = {UNRENDERED}
     if fields.get(UNRENDERED) is not None and "messages" in fields:
         skip.add("messages")
-    limit, total, counts = limits.text_chars, 0, {}
+    limit, total, counts = limits.text_limit, 0, {}
     for name, value in fields.items():
         if name in skip:
             continue
@@ -1050,19 +1071,32 @@ def grammar_share(limits: Limits, cpus: int | None) -> int:
     return max(1, compile_workers(cpus) // 2)
 
 
-def grammar_requests(obj) -> int:
-    """How many requests with a grammar (json_schema, regex, ebnf, structural_tag) this request
-    sends the scheduler, before the engine normalises it: each prompt x n sample is its own
-    scheduler request, and each compiles its own grammar on a cache miss (the engine does not
-    join concurrent compiles of one grammar)."""
+def grammar_keys(obj) -> list:
+    """(grammar, requests) for each prompt of this request that carries a grammar (json_schema,
+    regex, ebnf, structural_tag), before the engine normalises it: each prompt x n sample is its
+    own scheduler request, and each compiles its own grammar on a cache miss (the engine does not
+    join concurrent compiles of one grammar). The grammar is (field, sha256 of its text): the
+    tokenizer manager remembers the ones it has seen answered without keeping their text."""
     sp = getattr(obj, "sampling_params", None)
     items = sp if isinstance(sp, list) else [sp] * _prompts(obj)
-    total = 0
+    out = []
     for item in items:
-        if isinstance(item, dict) and any(item.get(f) is not None for f in GRAMMAR_FIELDS):
-            n = item.get("n", 1)
-            total += max(int(n), 1) if _is_int(n) else 1      # n's type: the choke point's check
-    return total
+        if not isinstance(item, dict):
+            continue
+        field = next((f for f in GRAMMAR_FIELDS if item.get(f) is not None), None)
+        if field is None:
+            continue
+        value = item[field]
+        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+        n = item.get("n", 1)
+        out.append(((field, digest), max(int(n), 1) if _is_int(n) else 1))   # n's type: the choke point's
+    return out
+
+
+def grammar_requests(obj) -> int:
+    """How many scheduler requests with a grammar this request sends (grammar_keys, summed)."""
+    return sum(count for _, count in grammar_keys(obj))
 
 
 def client_of(peer_host, header_value, use_header: int) -> str:

@@ -180,7 +180,7 @@ def test_the_refusals_are_counted(server):
 
 # --- issue 50's two remaining bounds: the chat routes' text, the whole request's log-probs -------
 
-HUGE_CHAT = [{"role": "user", "content": "word " * 250_000}]      # 1.25M characters (bound: 1M)
+HUGE_CHAT = [{"role": "user", "content": "word " * 250_000}]      # 1.25M characters (bound: 8 x 32,768)
 
 
 @pytest.mark.parametrize("path, body", [
