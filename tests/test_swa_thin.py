@@ -613,6 +613,29 @@ def test_window_ids_read_python_nodes_where_the_core_has_them(install_adapters, 
     assert swa_thin._window_ids(core, leaf, 384) == want and want
 
 
+
+@pytest.mark.parametrize("span, nodes", [(1, 1), (256, 1), (257, 2), (512, 2), (513, 3), (4096, 4)])
+def test_window_ids_walk_the_path_of_a_core_without_python_nodes(span, nodes):
+    """The engine's Rust core (thin not installed: no Python nodes) gives the window through
+    collect_path_info: the nodes from the deepest up until `span` tokens are covered, a node that
+    reaches past the window's start included, none beyond it (a chain of four 256-token nodes)."""
+    from adapter import swa_thin
+    from adapter.cpu import cpu_engine
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    cpu = cpu_engine.build_swa_cache(full_tokens=64 * 256, swa_tokens=32 * 256, backend="rust")
+    core = cpu.cache.tree_core
+    assert type(core).__name__ == "RustUnifiedTreeCore" and getattr(core, "_node_arena", None) is None
+    tokens = list(range(1, 4 * 256 + 1))
+    for k in range(1, 5):                           # one node per 256 tokens
+        cpu.cache.insert(InsertParams(key=RadixKey(array("q", tokens[:k * 256])), value=cpu.alloc(k * 256)))
+    leaf = cpu.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens)))).last_device_node
+    path = core.collect_path_info([leaf])[0]
+    assert [p.path_end - p.path_start for p in path] == [256] * 4
+    deepest_first = [p.node_id for p in reversed(path)]
+    assert swa_thin._window_ids(core, leaf, span) == deepest_first[:nodes]
+
 def test_python_core_moves_the_lrus_only_node_and_reports_a_gone_lock_node(install_adapters, monkeypatch):
     """The engine's Python core (thin's own core off): relinking the only node of the SWA LRU
     (the list is empty after its removal: insert_mru), and a lock node that left the tree."""
