@@ -48,7 +48,10 @@ KEYS = {**PROD_KEYS, "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS": "20",
         # one compile per client on this boot (the default, half the pool, is 3 here): three
         # compile threads on these 2 cores slowed the ordinary grammar's steps past the 20 ms above
         # (36 ms measured), and the step bound finished it
-        "DSV41_INPUT_GUARD_GRAMMAR_COMPILES_PER_CLIENT": "1"}
+        "DSV41_INPUT_GUARD_GRAMMAR_COMPILES_PER_CLIENT": "1",
+        # the grammar caches small on this boot (production: 128 entries, 256 MB) so that a few
+        # hundred distinct regexes show the bound on the scheduler's memory (the last test)
+        "DSV41_INPUT_GUARD_GRAMMAR_CACHE": "16", "DSV41_INPUT_GUARD_GRAMMAR_CACHE_MB": "16"}
 PROMPT = "The quick brown fox"
 P8 = [5, 6, 7, 8, 9, 10, 11, 12]
 SCORING = {"return_logprob": True, "logprob_start_len": 0, "token_ids_logprob": [5, 6]}
@@ -314,3 +317,39 @@ def test_one_clients_grammar_flood_leaves_the_pool_to_another_clients_schema(ser
     line = next(ln for ln in text.splitlines() if ln.startswith("dsv41_input_guard_rejected_total")
                 and 'reason="grammar_compiles"' in ln)
     assert float(line.rsplit(" ", 1)[1]) >= len(refused), line
+
+
+# --- the grammar caches' bound on the scheduler's memory (issue 50) -----------------------------
+# Each of these regexes compiles to ~0.56 MB in xgrammar's compiler cache with the dense model's
+# tokenizer (measured in process, 2026-12-07: 300 of them +168 MB unbounded; with 16 entries and
+# 16 MB +43 MB, flat from the 250th). The engine keeps every compile; the guard bounds both caches.
+WARM_REGEXES, MORE_REGEXES = 60, 200
+
+
+def _scheduler_rss_mb(server) -> float:
+    import psutil
+
+    server._name_processes()
+    (pid,) = [pid for pid, role in server.roles.items() if role.startswith("sglang::scheduler")]
+    return psutil.Process(pid).memory_info().rss / 2**20
+
+
+def _distinct_regexes(server, first, count):
+    for i in range(first, first + count):
+        resp = _post(server, "/generate", {"input_ids": P8, "sampling_params": {
+            "regex": f"q{i}[a-z ]{{0,400}}[0-9]{{0,100}}", "max_new_tokens": 1}})
+        assert resp.status_code == 200, resp.text[:300]
+
+
+def test_distinct_grammars_leave_the_schedulers_memory_within_the_cache_bound(server):
+    """N distinct regexes, each compiled once and kept by the engine for ever (~1.4 MB each at the
+    review, 416 MB after 300): after the caches have filled (WARM_REGEXES), 200 more add less than
+    the two caches' bounds together (16 entries + 16 MB here), where unbounded they would add
+    ~112 MB. (RSS is the allocator's view: the slack covers what it keeps between compiles.)"""
+    _distinct_regexes(server, 0, WARM_REGEXES)
+    warm = _scheduler_rss_mb(server)
+    _distinct_regexes(server, WARM_REGEXES, MORE_REGEXES)
+    grown = _scheduler_rss_mb(server) - warm
+    bound_mb = int(KEYS["DSV41_INPUT_GUARD_GRAMMAR_CACHE_MB"]) * 2
+    assert grown < bound_mb, f"the scheduler grew {grown:.1f} MB over {MORE_REGEXES} distinct regexes"
+    assert server.healthy()
