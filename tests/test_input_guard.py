@@ -717,11 +717,17 @@ def test_a_grammar_step_over_the_bound_finishes_only_its_request(install_adapter
                       "(this rank's), over 20 ms (logged once)"]
 
 
-def test_a_grammar_step_within_the_bound_is_left_alone(install_adapters, monkeypatch, dense_model):
-    """The control: the same slow grammar with the bound above its step time runs every step."""
+@pytest.mark.parametrize("keys", [
+    {**KEYS, "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS": "60"},    # the bound above the step time
+    {},                                                     # the stock engine: guard not installed
+], ids=["within_the_bound", "without_the_guard"])
+def test_a_slow_grammar_runs_on_within_the_bound_and_without_the_guard(install_adapters, monkeypatch,
+                                                                       dense_model, keys):
+    """The controls of the bound: the same 50 ms grammar runs every step with the bound above its
+    step time, and on the stock engine (the negative control: the finish above is the guard's)."""
     from sglang.srt.runtime_context import get_parallel
 
-    install_adapters({**KEYS, "DSV41_INPUT_GUARD_GRAMMAR_STEP_MS": "60"})
+    assert (install_adapters(keys)["input_guard"].status == "installed") == bool(keys)
     _, slow = _grammars(monkeypatch)
     sched = _grammar_scheduler(dense_model)
     (req,) = _submit(sched, slow)
@@ -730,21 +736,6 @@ def test_a_grammar_step_within_the_bound_is_left_alone(install_adapters, monkeyp
             _step(sched)
     assert req.to_finish is None and not req.finished() and slow.accepted_tokens == [5] * 4
     assert sched.ipc_channels.send_to_detokenizer.finishes() == {}
-
-
-def test_without_the_guard_the_slow_grammar_runs_on(install_adapters, monkeypatch, dense_model):
-    """The negative control of the bound: the same 50 ms grammar steps on the stock engine (the
-    guard not installed) are never finished, so the finish above is the guard's."""
-    from sglang.srt.runtime_context import get_parallel
-
-    assert install_adapters({})["input_guard"].status != "installed"
-    _, slow = _grammars(monkeypatch)
-    sched = _grammar_scheduler(dense_model)
-    (req,) = _submit(sched, slow)
-    with get_parallel().override(**ONE_RANK):
-        for _ in range(4):
-            _step(sched)
-    assert req.to_finish is None and not req.finished() and slow.accepted_tokens == [5] * 4
 
 
 def test_the_verdict_is_the_groups_max_not_this_ranks(install_adapters, monkeypatch, dense_model):
