@@ -133,9 +133,20 @@ MODULES: dict[str, dict] = {
             "adapter.input_guard.rules:check_ollama_options", "adapter.input_guard.rules:check_vertex",
             "adapter.input_guard.rules:check_prompt_present",
             "adapter.input_guard.rules:check_embedding_batch",
+            # issue 50, its last bounds: the chat-like routes' text, the whole request's
+            # log-probs, the text bound's default, one client's share of the compile pool
+            "adapter.input_guard.rules:Limits.text_limit", "adapter.input_guard.rules:Limits.with_context",
+            "adapter.input_guard.rules:_prompts", "adapter.input_guard.rules:_model_fields",
+            "adapter.input_guard.rules:text_size", "adapter.input_guard.rules:check_body_text",
+            "adapter.input_guard.rules:_per_prompt", "adapter.input_guard.rules:_batch_shape",
+            "adapter.input_guard.rules:_prompt_positions",
+            "adapter.input_guard.rules:check_request_logprobs",
+            "adapter.input_guard.rules:compile_workers", "adapter.input_guard.rules:grammar_share",
+            "adapter.input_guard.rules:grammar_keys", "adapter.input_guard.rules:grammar_requests",
+            "adapter.input_guard.rules:client_of", "adapter.input_guard.rules:check_grammar_share",
         ],
         "tests": ["tests/test_input_guard.py", "tests/test_input_guard_mutants.py",
-                  "tests/test_input_guard_routes.py"],
+                  "tests/test_input_guard_routes.py", "tests/test_input_guard_text_routes.py"],
         # tests/test_input_guard.py reads the field tables (docs/input_guard_fields*.json) and
         # their generator (bench/input_guard_fields.py) next to its own file's parent
         "copy": ["bench", "docs"],
