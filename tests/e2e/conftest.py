@@ -18,7 +18,7 @@ from e2e.e2e_configs import SUMMARY_LINES, Boots
 _BOOTS: list = []       # (server name, seconds, kind): kind "server" | "failing"
 # Modules that boot their own servers, in the order they run (before every other module).
 OWN_BOOTS_FIRST = ("test_e2e_gate", "test_e2e_faults", "test_e2e_fuzz", "test_e2e_guard_costs",
-                   "test_e2e_seed", "test_e2e_tp2",
+                   "test_e2e_guard_grammar", "test_e2e_seed", "test_e2e_tp2",
                    "test_e2e_calibrate", "test_e2e_server", "test_e2e_dsv4_swan_selfcheck")
 # The order the lane boots shared configurations in (those some selected module reads).
 LANE_ORDER = (("dense", "stock"), ("dense", "decode_yield"), ("dense", "production"),
