@@ -547,3 +547,31 @@ def test_a_single_embeddings_prompt_is_one_prompt_not_a_batch():
                                   sampling_params={"max_new_tokens": 1})
     assert rules._prompts(batch) == 200
     assert "200 samples (200 prompts" in ig.check_samples(batch, ig.Limits())
+
+
+def test_embedding_batch_shapes_at_their_edges():
+    """check_embedding_batch (found by bench/mutation.py input_guard: 19 of its mutants survived the
+    route tests): each message whole, and the shapes either side of each rule."""
+    def req(**fields):
+        return types.SimpleNamespace(**{"text": None, "input_ids": None, "input_embeds": None,
+                                        "sampling_params": None, "rid": None, **fields})
+
+    expects_one = ": this engine expects one object (a list only in the batch form, one per prompt)"
+    assert ig.check_embedding_batch(req(text="hi", sampling_params=[{}])) == (
+        "sampling_params = [{}] is a list on a single prompt" + expects_one)
+    assert ig.check_embedding_batch(req(input_ids=[1, 2], sampling_params=[{}])) == (
+        "sampling_params = [{}] is a list on a single prompt" + expects_one)
+    for single in (req(text="hi"), req(text="hi", sampling_params={}), req(input_ids=[1, 2], rid="r")):
+        assert ig.check_embedding_batch(single) is None
+    assert ig.check_embedding_batch(req(text=["a", "b"], rid="x")) == (
+        "rid = 'x' is str on a batch of 2 prompts: this engine expects a list of rids, one per prompt")
+    per_prompt = ": this engine expects one object per prompt (or one object for all)"
+    assert ig.check_embedding_batch(req(input_ids=[[1], [2]], rid=["x", "y"], sampling_params=[{}])) == (
+        "sampling_params has 1 entries for 2 prompts" + per_prompt)
+    assert ig.check_embedding_batch(req(text=["a", "b"], sampling_params=[{}, 3])) == (
+        "sampling_params has 2 entries for 2 prompts" + per_prompt)
+    for fine in (req(text=["a", "b"]), req(text=["a", "b"], rid=["x", "y"]),
+                 req(text=["a", "b"], sampling_params={}),
+                 req(input_ids=[[1], [2]], sampling_params=[{}, {}]),
+                 req(text=["a", "b"], sampling_params=[{}, {}, {}])):
+        assert ig.check_embedding_batch(fine) is None
