@@ -142,7 +142,7 @@ MODULES: dict[str, dict] = {
             "adapter.input_guard.rules:_prompt_positions",
             "adapter.input_guard.rules:check_request_logprobs",
             "adapter.input_guard.rules:compile_workers", "adapter.input_guard.rules:grammar_share",
-            "adapter.input_guard.rules:grammar_keys", "adapter.input_guard.rules:grammar_requests",
+            "adapter.input_guard.rules:grammar_keys",
             "adapter.input_guard.rules:client_of", "adapter.input_guard.rules:check_grammar_share",
         ],
         "tests": ["tests/test_input_guard.py", "tests/test_input_guard_mutants.py",

@@ -496,8 +496,8 @@ def _gen(**fields):
     (_gen(text=["a", "b", "c"], sampling_params=[{"regex": "a"}, {}, {"json_schema": "{}", "n": 2}]), 3),
     (_gen(text=["a"], sampling_params=["x"]), 0),
 ])
-def test_grammar_requests_counts_each_scheduler_request_with_a_grammar(obj, count):
-    assert ig.grammar_requests(obj) == count
+def test_grammar_keys_count_each_scheduler_request_with_a_grammar(obj, count):
+    assert sum(requests for _, requests in ig.grammar_keys(obj)) == count
 
 
 def test_the_client_is_the_operators_header_only_when_the_line_trusts_it():

@@ -1094,10 +1094,6 @@ def grammar_keys(obj) -> list:
     return out
 
 
-def grammar_requests(obj) -> int:
-    """How many scheduler requests with a grammar this request sends (grammar_keys, summed)."""
-    return sum(count for _, count in grammar_keys(obj))
-
 
 def client_of(peer_host, header_value, use_header: int) -> str:
     """Who a request's grammar compiles are counted against: the operator's header (when the line
