@@ -129,6 +129,7 @@ MODULES: dict[str, dict] = {
             "adapter.input_guard.rules:check_pooling", "adapter.input_guard.rules:check_samples",
             "adapter.input_guard.rules:check_text_size", "adapter.input_guard.rules:check_parse_size",
             "adapter.input_guard.rules:check_sampling_value",
+            "adapter.input_guard.rules:sampling_value_problem",
             "adapter.input_guard.rules:check_sampling_params",
             "adapter.input_guard.rules:check_ollama_options", "adapter.input_guard.rules:check_vertex",
             "adapter.input_guard.rules:check_prompt_present",

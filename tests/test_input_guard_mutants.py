@@ -575,3 +575,130 @@ def test_embedding_batch_shapes_at_their_edges():
                  req(input_ids=[[1], [2]], sampling_params=[{}, {}]),
                  req(text=["a", "b"], sampling_params=[{}, {}, {}])):
         assert ig.check_embedding_batch(fine) is None
+
+
+# --- the rules of issue 50, on their own (bench/mutation.py input_guard: the survivors of a partial
+# run at a99f80d; the route tests check a fragment of each message, these check it whole) ---------
+
+SAMPLING_NAMES = frozenset({"temperature", "top_k", "top_p", "max_new_tokens", "stop", "regex"})
+REQUEST_NAMES = frozenset({"text", "input_ids", "input_embeds", "image_data", "sampling_params",
+                           "stream", "return_logprob"})
+
+
+def test_a_sampling_values_type_message_names_the_kind_the_field_holds():
+    # an integer field takes no float (the scheduler's int32 tensors), a float field takes an int
+    assert ig.check_sampling_value("top_k", 1.5, "sampling_params") == (
+        "sampling_params.top_k = 1.5 is float, not an integer: this engine expects an integer in "
+        f"1..{ig.INT32_MAX}")
+    assert ig.check_sampling_value("top_k", 7, "sampling_params") is None
+    assert ig.check_sampling_value("temperature", 1, "p") is None
+    assert ig.check_sampling_value("temperature", "x", "p") == (
+        "p.temperature = 'x' is str, not a number: this engine expects a number in [0.0, "
+        f"{ig.FLOAT32_MAX:g}]")
+    assert ig.check_sampling_value("max_new_tokens", None, "p") is None        # optional
+    assert ig.check_sampling_value("top_p", None, "p") == (
+        "p.top_p = None is NoneType, not a number: this engine expects a number in (0.0, 1]")
+    assert rules.sampling_value_problem("stop_token_ids", [1, "a"]) == ("is a list", "a list of token ids")
+    assert rules.sampling_value_problem("logit_bias", "x") == ("is str", "an object of token id -> bias")
+
+
+def test_a_sampling_params_message_whole_and_each_prompts_object_checked():
+    accepted = frozenset({"temperature", "top_k"})
+    assert ig.check_sampling_params([{"temperature": 0.5}, {"top_k": 3}], "sp", accepted) is None
+    # a None entry is skipped, the next one still checked
+    assert ig.check_sampling_params([None, {"top_k": "x"}], "sp", accepted) == (
+        "sp.top_k = 'x' is str, not an integer: this engine expects an integer in "
+        f"1..{ig.INT32_MAX}")
+    assert ig.check_sampling_params(5, "sp", accepted) == (
+        "sp = 5 is int: this engine expects an object of sampling parameters (or a list of them, "
+        "one per prompt)")
+    assert ig.check_sampling_params({"seed": 1}, "sp", accepted) == (
+        "sp has 'seed', which is not a sampling parameter of this engine; it takes: temperature, top_k")
+
+
+def test_ollama_options_messages_whole():
+    assert ig.check_ollama_options(None) is None
+    assert ig.check_ollama_options({"temperature": 0.5, "num_ctx": "ignored"}) is None
+    assert ig.check_ollama_options([1]) == (
+        "options", "options = [1] is a list: Ollama expects an object")
+    assert ig.check_ollama_options({"top_k": 1.5}) == (
+        "top_k", f"options.top_k = 1.5 (this engine's sampling_params.top_k): this engine expects "
+                 f"an integer in 1..{ig.INT32_MAX}")
+    # a value whose repr holds ": " (the message was once cut at the first ": " it found)
+    assert ig.check_ollama_options({"num_predict": {"a": 1}}) == (
+        "max_new_tokens", "options.num_predict = {'a': 1} (this engine's sampling_params."
+                          f"max_new_tokens): this engine expects an integer in 0..{ig.INT32_MAX}")
+
+
+def test_vertex_bodies_messages_whole():
+    def vertex(instances, parameters=None):
+        return ig.check_vertex(instances, parameters, REQUEST_NAMES, SAMPLING_NAMES)
+
+    objects = "instances must be a list of objects"
+    assert vertex(5) == objects and vertex([5]) == objects and vertex([{"text": "a"}, "b"]) == objects
+    assert vertex([{}]) is None                         # no input key: the engine's own check answers
+    assert vertex([{"text": "a"}, {"text": 5}]) == (
+        "instances[].text = 5 is int: this engine expects one string per instance (the same input "
+        "key in every instance)")
+    assert vertex([{"input_ids": [1, 2]}, {"input_ids": [3]}]) is None
+    assert vertex([{"input_ids": [1, 2]}, {"input_ids": [3, 2.5]}]) == (
+        "instances[].input_ids = [3, 2.5] is not a list of token ids: this engine expects one list "
+        "of integers per instance")
+    assert vertex([{"text": "a"}], [1]) == "parameters = [1] is a list: this engine expects an object"
+    tail = ("; sampling fields go in parameters.sampling_params, request fields (stream, "
+            "return_logprob, ...) in parameters")
+    assert vertex([{"text": "a"}], {"image_data": "x"}) == (
+        "parameters.image_data: the route sets it from the instances" + tail)
+    assert vertex([{"text": "a"}], {"top_k": 3}) == (
+        "parameters.top_k: not a field of this engine's GenerateReqInput" + tail)
+    assert vertex([{"text": "a"}], {"stream": False, "sampling_params": {"top_k": 3}}) is None
+
+
+def test_parse_size_at_its_bound_and_its_message_whole():
+    limits = ig.Limits(parse_chars=10)
+    assert ig.check_parse_size("x" * 10, "/parse_function_call", limits) is None
+    assert ig.check_parse_size(None, "/parse_function_call", limits) is None
+    assert ig.check_parse_size("x" * 11, "/parse_function_call", limits) == (
+        "text has 11 characters, over this line's limit of 10 for /parse_function_call "
+        f"({ig.LIMIT_KEYS['parse_chars']}): the parser runs on the HTTP event loop, where every "
+        "other client waits")
+
+
+def _logprob_req(**fields):
+    """A GenerateReqInput's fields as the request's log-prob bound reads them (only those it reads:
+    a field the body did not send is None on the engine's struct, absent here)."""
+    return types.SimpleNamespace(**{"return_logprob": True, "logprob_start_len": 0,
+                                    "top_logprobs_num": 5, **fields})
+
+
+def test_request_logprobs_count_each_prompt_of_a_batch_in_its_own_form():
+    limits = ig.Limits(logprob_entries=100)
+    ids = [[1] * 12, [2] * 12]                      # 2 prompts x 12 positions x 5 = 120 entries
+    head = "this request asks for 120 prompt log-prob entries (2 prompts; "
+    over = ig.check_request_logprobs(_logprob_req(input_ids=ids), limits)
+    assert over.startswith(head) and over.endswith("on the HTTP event loop")   # ids: an exact count
+    # per-prompt lists (the batch form): each prompt's own value, a short list's value whole
+    per_prompt = _logprob_req(input_ids=ids, return_logprob=[True, True], logprob_start_len=[0, 0],
+                              top_logprobs_num=[5, 5])
+    assert ig.check_request_logprobs(per_prompt, limits).startswith(head)
+    short = _logprob_req(input_ids=ids, return_logprob=[True], logprob_start_len=[0])
+    assert ig.check_request_logprobs(short, limits) is None     # a list is not a start: none counted
+    # embeddings: one position per vector
+    embeds = _logprob_req(input_embeds=[[[0.5]] * 12, [[0.5]] * 12])
+    assert ig.check_request_logprobs(embeds, limits).startswith(head)
+    # a text batch: counted by UTF-8 length, and the message says so
+    texts = _logprob_req(text=["x" * 12, "é" * 6])
+    assert ig.check_request_logprobs(texts, limits).endswith(
+        "(a text prompt counted at one position per UTF-8 byte, the most a byte-level tokenizer "
+        "makes of it: send input_ids for an exact count)")
+    # a prompt in a form the engine does not take: left to the engine's own checks, no exception
+    assert ig.check_request_logprobs(_logprob_req(text=["x" * 30, 5]), limits) is None
+    assert ig.check_request_logprobs(_logprob_req(input_ids=[[1] * 30, 5]), limits) is None
+
+
+def test_embedding_batch_reads_only_the_fields_the_body_sent():
+    """The rules take the request's fields as they come; one the body did not send reads as None."""
+    assert ig.check_embedding_batch(types.SimpleNamespace(text="hi")) is None
+    assert ig.check_embedding_batch(types.SimpleNamespace(input_ids=[[1], [2]])) is None
+    assert ig.check_embedding_batch(types.SimpleNamespace(text=["a", "b"], rid="r")) == (
+        "rid = 'r' is str on a batch of 2 prompts: this engine expects a list of rids, one per prompt")

@@ -202,7 +202,7 @@ def first_out_of_range(a, vocab: int):
     64-bit a negative id is above any vocabulary."""
     if a.size == 0:
         return None
-    u = a.view(np.uint64) if a.dtype == np.int64 else a.astype(np.int64).view(np.uint64)
+    u = a.astype(np.int64, copy=False).view(np.uint64)     # no copy when already int64
     if u[u.argmax()] < vocab:           # argmax: a third of max()'s fixed cost on short prompts
         return None
     bad = u >= vocab
@@ -645,45 +645,49 @@ def _expects(num: Number) -> str:
     return f"a number in {low}, {high}]"
 
 
-def check_sampling_value(name: str, value, where: str):
-    """A message when a sampling value has a type the engine's SamplingParams cannot take (it
-    would raise TypeError comparing it, a 500 on the routes that map only ValueError), else None.
-    Ranges are the engine's own check (its ValueError) and the choke point's."""
-    label = f"{where}.{name}"
+def sampling_value_problem(name: str, value):
+    """(what the value is, what the engine expects) when a sampling value has a type the engine's
+    SamplingParams cannot take (it would raise TypeError comparing it, a 500 on the routes that map
+    only ValueError), else None. Ranges are the engine's own check (its ValueError) and the choke
+    point's. Apart from the message's label, so each route names the field as its client sent it."""
     num = _NUMBERS.get(name)
     if num is not None:
-        ok = _is_int(value) if num.kind == "int" else _is_real(value)
         if value is None and num.optional:
             return None
-        if not ok:
-            kind = "an integer" if num.kind == "int" else "a number"
-            return (f"{label} = {_short(value)} is {_shape(value)}, not {kind}: this engine expects "
-                    f"{_expects(num)}")
-        return None
+        if num.kind == "int":
+            return None if _is_int(value) else (f"is {_shape(value)}, not an integer", _expects(num))
+        return None if _is_real(value) else (f"is {_shape(value)}, not a number", _expects(num))
     if name == "sampling_seed":
         if not _is_int(value) or isinstance(value, bool) or not INT64[0] <= value <= INT64[1]:
-            return (f"{label} = {_short(value)} is not a seed: this engine expects an integer in "
-                    "[-2**63, 2**63 - 1]")
+            return "is not a seed", "an integer in [-2**63, 2**63 - 1]"
         return None
     if name in ("stop", "stop_regex"):
         if value is None or isinstance(value, str) or (
                 isinstance(value, list) and all(isinstance(x, str) for x in value)):
             return None
-        return f"{label} = {_short(value)} is {_shape(value)}: this engine expects a string or a list of strings"
+        return f"is {_shape(value)}", "a string or a list of strings"
     if name == "stop_token_ids":
         if value is None or (isinstance(value, list) and all(_is_int(x) for x in value)):
             return None
-        return f"{label} = {_short(value)} is {_shape(value)}: this engine expects a list of token ids"
+        return f"is {_shape(value)}", "a list of token ids"
     if name == "logit_bias":
         if value is None or isinstance(value, dict):
             return None
-        return (f"{label} = {_short(value)} is {_shape(value)}: this engine expects an object of "
-                "token id -> bias")
+        return f"is {_shape(value)}", "an object of token id -> bias"
     if name in GRAMMAR_FIELDS:
         if value is None or isinstance(value, str):
             return None
-        return f"{label} = {_short(value)} is {_shape(value)}: this engine expects one string"
+        return f"is {_shape(value)}", "one string"
     return None
+
+
+def check_sampling_value(name: str, value, where: str):
+    """The message for `sampling_value_problem`, the field named `where.name`, else None."""
+    problem = sampling_value_problem(name, value)
+    if problem is None:
+        return None
+    what, expects = problem
+    return f"{where}.{name} = {_short(value)} {what}: this engine expects {expects}"
 
 
 def check_sampling_params(sp, where: str, accepted: frozenset):
@@ -718,10 +722,10 @@ def check_ollama_options(options):
         return "options", f"options = {_short(options)} is {_shape(options)}: Ollama expects an object"
     for option, field in OLLAMA_OPTIONS.items():
         if option in options:
-            message = check_sampling_value(field, options[option], "sampling_params")
-            if message is not None:
+            problem = sampling_value_problem(field, options[option])
+            if problem is not None:
                 return field, (f"options.{option} = {_short(options[option])} (this engine's "
-                               f"sampling_params.{field}): " + message.split(": ", 1)[1])
+                               f"sampling_params.{field}): this engine expects {problem[1]}")
     return None
 
 
