@@ -35,5 +35,5 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 start=$(date +%s)
 # --timeout: a test that hangs fails with its stack after 10 min (the slowest takes ~20 s) instead
 # of holding the run until CI's own limit
-"$PY" -m pytest --timeout 600 -q -p no:cacheprovider -n "${DSV41_TEST_WORKERS:-2}" tests --ignore=tests/e2e "$@"
+"$PY" -m pytest --timeout 600 -q -p no:cacheprovider -n "${DSV41_TEST_WORKERS:-2}" --dist loadfile tests --ignore=tests/e2e "$@"
 echo "[image test] unit suite in $(( $(date +%s) - start )) s"

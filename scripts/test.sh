@@ -30,8 +30,10 @@ scripts/lint_imports.sh     # the package's floors (pyproject.toml [tool.importl
 # --timeout (pytest-timeout): a test that hangs fails with its stack instead of holding the run
 # until CI's limit; per test, its fixtures' setup included: 10 min for a unit test (the slowest
 # takes ~20 s), 30 min for an e2e test (its module's boots included; the longest ~8 min loaded)
+# --dist loadfile: each test module on one worker, so a module-scoped fixture (an engine backend,
+# a fork driver's children: tests/conftest.py run_forked) is built once, not once per worker
 unit() {
-    "$PY" -m pytest --timeout 600 -q -p no:cacheprovider -n "${DSV41_TEST_WORKERS:-2}" tests --ignore=tests/e2e "$@"
+    "$PY" -m pytest --timeout 600 -q -p no:cacheprovider -n "${DSV41_TEST_WORKERS:-2}" --dist loadfile tests --ignore=tests/e2e "$@"
 }
 e2e() {
     "$PY" -m pytest --timeout 1800 -q -p no:cacheprovider tests/e2e "$@"

@@ -82,28 +82,108 @@ sys.path.insert(0, "tests")
 """
 
 
-def run_two_ranks(code: str, tmp_path, mode: str, env: dict | None = None, timeout=300) -> list:
-    """Run TWO_RANKS_PREAMBLE + `code` in two child interpreters that form a torch.distributed
-    group of two (gloo, a file rendezvous in tmp_path); each gets argv: rank, mode, init method,
-    output path, and writes its JSON there. Returns both ranks' JSON; fails with both logs when
-    either child fails."""
+# Several runs of one child script that import the same engine modules: one interpreter runs
+# `preload` (the imports, ~8 s of CPU each time a fresh interpreter does them), then forks one child
+# per case, one at a time; each child runs `code` with its case as sys.argv[1:], as
+# `python -c code *case` would, with its own stdout, stderr and exit code (os._exit included: a boot
+# stopped by installer.fatal). What a fresh interpreter does at startup (sitecustomize and the
+# DSV41_* keys it reads) happens once, in the parent, with `env`: only cases that set their keys
+# themselves (installer.bootstrap(environ=...), install_in_process) can share a parent.
+FORK_DRIVER = r"""
+import json, os, sys, traceback
+code_path, cases_path, out_dir = sys.argv[1:4]
+exec(compile(open(os.path.join(out_dir, "preload.py")).read(), "<preload>", "exec"), {})
+code = compile(open(code_path).read(), "<string>", "exec")
+codes = []
+for i, case in enumerate(json.load(open(cases_path))):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        rc = 1
+        try:
+            for fd, ext in ((1, "out"), (2, "err")):
+                os.dup2(os.open(os.path.join(out_dir, f"{i}.{ext}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+            sys.argv = ["-c", *case]
+            exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+            rc = 0
+        except SystemExit as e:
+            rc = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(rc)
+    codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+json.dump(codes, open(os.path.join(out_dir, "codes.json"), "w"))
+"""
+
+
+def _start_forked(code: str, cases, preload: str, out_dir: pathlib.Path, env: dict | None):
     import json
 
-    child_env = _child_env({"OMP_NUM_THREADS": "1", **(env or {})})
-    init = f"file://{tmp_path}/rendezvous-{mode}"
-    outs = [tmp_path / f"{mode}-rank{r}.json" for r in (0, 1)]
-    code = TWO_RANKS_PREAMBLE + code
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(r), mode, init, str(outs[r])],
-                              env=child_env, cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "code.py").write_text(code)
+    (out_dir / "cases.json").write_text(json.dumps([[str(a) for a in case] for case in cases]))
+    (out_dir / "preload.py").write_text(preload)
+    return subprocess.Popen([sys.executable, "-c", FORK_DRIVER, str(out_dir / "code.py"),
+                             str(out_dir / "cases.json"), str(out_dir)], env=_child_env(env),
+                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def _forked_results(proc, out_dir: pathlib.Path, n: int, timeout) -> list:
+    import json
+    import signal
+
     try:
-        logs = [p.communicate(timeout=timeout)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
-    return [json.loads(o.read_text()) for o in outs]
+        log = proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)            # the driver and the case it was running
+        proc.communicate()
+        raise
+    assert proc.returncode == 0, f"the fork driver failed: {log[-3000:]}"
+    codes = json.loads((out_dir / "codes.json").read_text())
+    return [subprocess.CompletedProcess(["<forked>", str(i)], codes[i], (out_dir / f"{i}.out").read_text(),
+                                        (out_dir / f"{i}.err").read_text()) for i in range(n)]
+
+
+def run_forked(code: str, cases, preload: str, out_dir, env: dict | None = None,
+               timeout=600) -> list:
+    """`run_python(code, env, argv=case)` for each case, the imports paid once (FORK_DRIVER):
+    one CompletedProcess per case, in order."""
+    cases = list(cases)
+    proc = _start_forked(code, cases, preload, pathlib.Path(out_dir), env)
+    return _forked_results(proc, pathlib.Path(out_dir), len(cases), timeout)
+
+
+def run_two_ranks_modes(code: str, tmp_path, modes, preload: str, env: dict | None = None,
+                        timeout=600) -> dict:
+    """TWO_RANKS_PREAMBLE + `code` in two ranks that form a torch.distributed group of two (gloo, a
+    file rendezvous in tmp_path), once per mode, one mode after the other, each rank's modes forked
+    from one driver (FORK_DRIVER: the imports paid once per rank). Each child gets argv: rank, mode,
+    init method, output path, and writes its JSON there. {mode: [rank 0's JSON, rank 1's JSON]};
+    fails with the child's output when a rank fails."""
+    import json
+
+    tmp_path = pathlib.Path(tmp_path)
+    outs = {m: [tmp_path / f"{m}-rank{r}.json" for r in (0, 1)] for m in modes}
+    cases = {r: [(r, m, f"file://{tmp_path}/rendezvous-{m}", outs[m][r]) for m in modes] for r in (0, 1)}
+    dirs = {r: tmp_path / f"rank{r}" for r in (0, 1)}
+    procs = {r: _start_forked(TWO_RANKS_PREAMBLE + code, cases[r], preload, dirs[r],
+                              {"OMP_NUM_THREADS": "1", **(env or {})}) for r in (0, 1)}
+    try:
+        results = {r: _forked_results(procs[r], dirs[r], len(modes), timeout) for r in (0, 1)}
+    finally:                        # one rank failed: the other may wait for it in a collective
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+                proc.communicate()
+    for r in (0, 1):
+        for m, res in zip(modes, results[r]):
+            assert res.returncode == 0, f"rank {r}, {m}: {res.stdout[-2000:]}{res.stderr[-3000:]}"
+    return {m: [json.loads(o.read_text()) for o in outs[m]] for m in modes}
 
 
 def run_python(code: str, env: dict | None = None, args=(), argv=(), timeout=300, cwd=REPO_ROOT):

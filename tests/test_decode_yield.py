@@ -709,14 +709,26 @@ dist.destroy_process_group()
 """
 
 
+# ONLINE_CHILD's imports, once per rank (conftest.run_two_ranks_modes forks a child per mode)
+ONLINE_PRELOAD = """
+import sys
+sys.path.insert(0, "tests")
+from adapter.cpu import cpu_engine
+cpu_engine.install_torchvision_shim()
+from adapter import decode_yield, installer, tp_group
+import test_decode_yield
+"""
+
+
 def test_online_scales_are_agreed_over_the_tp_group(tmp_path):
     """Two ranks whose own step counters differ plan the same decode steps after every chunk
     (the slowest rank's readings, agreed); the control, each rank on its own readings, splits."""
-    from conftest import run_two_ranks
+    from conftest import run_two_ranks_modes
 
-    r0, r1 = run_two_ranks(ONLINE_CHILD, tmp_path, "agree")
+    runs = run_two_ranks_modes(ONLINE_CHILD, tmp_path, ["agree", "local"], ONLINE_PRELOAD)
+    r0, r1 = runs["agree"]
     assert r0["gaps"] == r1["gaps"], (r0, r1)
-    l0, l1 = run_two_ranks(ONLINE_CHILD, tmp_path, "local")
+    l0, l1 = runs["local"]
     assert l0["gaps"] == r0["gaps"]                  # rank 0's readings are the MAX
     assert l1["gaps"] != l0["gaps"], (l0, l1)        # on its own, rank 1 plans fewer steps
 

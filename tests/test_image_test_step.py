@@ -18,8 +18,8 @@ def test_test_tools_are_pinned_as_in_the_cpu_lock():
 
 def test_image_test_runs_the_unit_suite_without_e2e_and_keeps_no_tools():
     script = (REPO_ROOT / "scripts/image_test.sh").read_text()
-    assert re.search(r'pytest --timeout \d+ -q -p no:cacheprovider -n "\$\{DSV41_TEST_WORKERS:-2\}" tests '
-                     r'--ignore=tests/e2e "\$@"', script)
+    assert re.search(r'pytest --timeout \d+ -q -p no:cacheprovider -n "\$\{DSV41_TEST_WORKERS:-2\}" '
+                     r'--dist loadfile tests --ignore=tests/e2e "\$@"', script)
     assert "--no-deps --target \"$tools\"" in script and "trap 'rm -rf \"$tools\"' EXIT" in script
     assert "lint_dockerfiles" not in script                     # hadolint is CI's (scripts/test.sh)
 

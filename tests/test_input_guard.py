@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from adapter import input_guard, receipts
-from conftest import close_zmq_sockets, run_two_ranks
+from conftest import close_zmq_sockets, run_two_ranks_modes
 
 VOCAB = 1024
 KEYS = {"DSV41_INPUT_GUARD": "1"}
@@ -982,22 +982,37 @@ dist.destroy_process_group()
 """
 
 
-def _two_grammar_ranks(tmp_path, mode):
-    return run_two_ranks(GRAMMAR_CHILD, tmp_path, mode)
+# GRAMMAR_CHILD's imports, once per rank (conftest.run_two_ranks_modes forks a child per mode)
+GRAMMAR_PRELOAD = """
+import sys
+sys.path.insert(0, "tests")
+from adapter.cpu import cpu_engine, models
+cpu_engine.install_torchvision_shim()
+from adapter import input_guard, installer
+from sglang.srt.constrained.xgrammar_backend import XGrammarGrammar
+import test_input_guard
+"""
 
 
-def test_both_ranks_finish_the_grammar_request_at_the_same_step(tmp_path):
+@pytest.fixture(scope="module")
+def grammar_ranks(tmp_path_factory):
+    """{mode: [rank 0's JSON, rank 1's JSON]} for the agreed run and its control, run once."""
+    return run_two_ranks_modes(GRAMMAR_CHILD, tmp_path_factory.mktemp("grammar-ranks"),
+                               ["agree", "local"], GRAMMAR_PRELOAD)
+
+
+def test_both_ranks_finish_the_grammar_request_at_the_same_step(grammar_ranks):
     """Rank 0's clock reads 50 ms a call, rank 1's 1 ms (limit 20): agreed, both finish the request
     at the first decode step (its prefill's grammar step marked it), with the same message."""
-    r0, r1 = _two_grammar_ranks(tmp_path, "agree")
+    r0, r1 = grammar_ranks["agree"]
     assert r0["finished_at"] == r1["finished_at"] == [None, 400, 400], (r0, r1)
     assert r0["message"] == r1["message"] and "(the slowest of 2 TP ranks)" in r0["message"]
     assert r0["accepted"] == r1["accepted"] == [5] and r0["finished"] and r1["finished"]
 
 
-def test_without_the_agreement_the_ranks_split(tmp_path):
+def test_without_the_agreement_the_ranks_split(grammar_ranks):
     """The control of the one above: each rank's own reading finishes the request on rank 0 only;
     the two ranks' batches would differ from there on."""
-    r0, r1 = _two_grammar_ranks(tmp_path, "local")
+    r0, r1 = grammar_ranks["local"]
     assert r0["finished_at"] == [None, 400, 400] and r1["finished_at"] == [None, None, None], (r0, r1)
     assert r0["finished"] and not r1["finished"] and r1["accepted"] == [5, 5, 5]

@@ -6,7 +6,7 @@ import pytest
 
 from adapter import pins
 from adapter.table import ADAPTERS, HOOKS, hooks_of, install_groups
-from conftest import run_python
+from conftest import run_forked, run_python
 
 
 def test_table_rows_are_unique_and_every_adapter_has_a_module():
@@ -53,11 +53,32 @@ print("UNREACHED", flush=True)
 """
 
 
-@pytest.mark.parametrize("adapter, key", [("decode_yield", "DSV41_DECODE_YIELD"),
-                                          ("swa_thin", "DSV41_SWA_THIN"),
-                                          ("admin_guard", "DSV41_ADMIN_GUARD")])
-def test_drifted_callable_refuses_and_stops_the_boot(adapter, key):
-    proc = run_python(DRIFT_CHILD, argv=(adapter, key))
+# The engine modules every drift case imports, once per fork driver (conftest.run_forked): each
+# case is then its own child (its own boot stopped with exit 3), without paying the imports again.
+DRIFT_PRELOAD = """
+import importlib
+from adapter.cpu import cpu_engine
+cpu_engine.install_torchvision_shim()
+from adapter import installer, pins
+from adapter.table import ADAPTERS, hooks_of
+for name in ADAPTERS:
+    for row in hooks_of(name):
+        importlib.import_module(row.module)
+"""
+DRIFTED = [("decode_yield", "DSV41_DECODE_YIELD"), ("swa_thin", "DSV41_SWA_THIN"),
+           ("admin_guard", "DSV41_ADMIN_GUARD")]
+
+
+@pytest.fixture(scope="module")
+def drifted_boots(tmp_path_factory):
+    """{(adapter, key): the child's CompletedProcess} for every DRIFTED case, run once."""
+    runs = run_forked(DRIFT_CHILD, DRIFTED, DRIFT_PRELOAD, tmp_path_factory.mktemp("drift"))
+    return dict(zip(DRIFTED, runs))
+
+
+@pytest.mark.parametrize("adapter, key", DRIFTED)
+def test_drifted_callable_refuses_and_stops_the_boot(drifted_boots, adapter, key):
+    proc = drifted_boots[(adapter, key)]
     assert "ALTERED" in proc.stdout and "UNREACHED" not in proc.stdout
     assert proc.returncode == 3, proc.stderr[-2000:]
     row = hooks_of(adapter)[0]
@@ -167,18 +188,28 @@ print("UNREACHED", flush=True)
 """
 
 
-@pytest.mark.parametrize("adapter, key, touched", [
+TOUCHED = [
     ("swan", "DSV41_SWA_NATIVE_DECODE", "sglang.kernels.ops.attention.flash_mla_sm120:_split_kv_pages_to_64"),
     ("decode_yield", "DSV41_DECODE_YIELD", "sglang.srt.managers.schedule_batch:ScheduleBatch.batch_size"),
     ("swa_thin", "DSV41_SWA_THIN", "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedLRUList.insert_after"),
     ("swa_cone", "DSV41_SWA_CONE_REPLAY", "sglang.srt.layers.attention.attention_registry:_is_hip"),
     ("autotune_keep", "DSV41_AUTOTUNE_KEEP",
      "sglang.srt.model_executor.runner.flashinfer_autotune:_autotune_tactic_sync_group"),
-])
-def test_drift_in_a_touched_internal_refuses_naming_the_key(adapter, key, touched):
+]
+
+
+@pytest.fixture(scope="module")
+def touch_drifted_boots(tmp_path_factory):
+    """{(adapter, key, touched): the child's CompletedProcess} for every TOUCHED case, run once."""
+    runs = run_forked(TOUCH_DRIFT_CHILD, TOUCHED, DRIFT_PRELOAD, tmp_path_factory.mktemp("touch-drift"))
+    return dict(zip(TOUCHED, runs))
+
+
+@pytest.mark.parametrize("adapter, key, touched", TOUCHED)
+def test_drift_in_a_touched_internal_refuses_naming_the_key(touch_drifted_boots, adapter, key, touched):
     """Not wrapped, only read or called: drift there stops the boot exactly as a wrapped one does."""
     assert touched in pins.touches_of(adapter)
-    proc = run_python(TOUCH_DRIFT_CHILD, argv=(adapter, key, touched))
+    proc = touch_drifted_boots[(adapter, key, touched)]
     assert "ALTERED" in proc.stdout and "UNREACHED" not in proc.stdout, proc.stdout + proc.stderr[-2000:]
     assert proc.returncode == 3, proc.stderr[-2000:]
     found = proc.stdout.split("ALTERED ")[1].split()[0]

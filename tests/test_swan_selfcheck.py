@@ -25,7 +25,8 @@ import torch
 
 from adapter import receipts, swan
 from adapter.swan import selfcheck
-from conftest import run_two_ranks
+from conftest import run_two_ranks_modes
+from swan_module_dir import write_module
 from test_cpu_dsv4_flash_mla import _call, _torch_decode, engine  # noqa: F401 - a fixture
 from test_swan_routing import fake_module  # noqa: F401 - a fixture
 from test_swan_twin import _stock_route
@@ -294,14 +295,34 @@ dist.destroy_process_group()
 """
 
 
-def _two_ranks(tmp_path, mode, module_dir):
-    return run_two_ranks(CHILD, tmp_path, mode, env={swan.MODULE_DIR_ENV: str(module_dir)})
+# CHILD's imports, once per rank (conftest.run_two_ranks_modes forks a child per mode)
+PRELOAD = """
+import sys
+sys.path.insert(0, "tests")
+import torch
+from adapter import installer, receipts, swan
+from adapter.cpu.dsv4 import flash_mla
+from adapter.swan import selfcheck
+from sglang.kernels.ops.attention import flash_mla_sm120
+import test_cpu_dsv4_flash_mla
+"""
 
 
-def test_a_difference_on_one_rank_makes_every_rank_fall_back(tmp_path, fake_module):  # noqa: F811
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """{mode: [rank 0's JSON, rank 1's JSON]} for the three modes below, run once, over a module
+    directory that passes verify_module (test_swan_routing's fake_module, made once here)."""
+    module_dir = tmp_path_factory.mktemp("swan-module")
+    write_module(module_dir, b"\x7fELF stand-in for tests " * 64)
+    return run_two_ranks_modes(CHILD, tmp_path_factory.mktemp("swan-ranks"),
+                               ["agree", "local", "out-of-step"], PRELOAD,
+                               env={swan.MODULE_DIR_ENV: str(module_dir)})
+
+
+def test_a_difference_on_one_rank_makes_every_rank_fall_back(ranks):
     """Rank 0 has the planted error, rank 1 does not: with the agreement both keep the stock split
     for that key (every answer stock's); rank 1 says its own bits were equal."""
-    r0, r1 = _two_ranks(tmp_path, "agree", fake_module)
+    r0, r1 = ranks["agree"]
     for r in (r0, r1):
         assert r["equal"] == [True] * 3 and r["served"] == 0 and r["failed"] == 1 and r["verified"] == 0, r
     (why0, n0), = r0["fallbacks"].items()
@@ -313,16 +334,16 @@ def test_a_difference_on_one_rank_makes_every_rank_fall_back(tmp_path, fake_modu
                          "split on every TP rank")
 
 
-def test_without_the_agreement_the_ranks_diverge(tmp_path, fake_module):  # noqa: F811
+def test_without_the_agreement_the_ranks_diverge(ranks):
     """The control of the one above: the agreement replaced by each rank's own verdict, rank 0
     falls back and rank 1 serves the key in place: the two ranks run different kernels."""
-    r0, r1 = _two_ranks(tmp_path, "local", fake_module)
+    r0, r1 = ranks["local"]
     assert r0["served"] == 0 and r0["failed"] == 1
     assert r1["served"] == 2 and r1["verified"] == 1 and not r1["fallbacks"]
 
 
-def test_ranks_checking_different_keys_fall_back(tmp_path, fake_module):  # noqa: F811
-    r0, r1 = _two_ranks(tmp_path, "out-of-step", fake_module)
+def test_ranks_checking_different_keys_fall_back(ranks):
+    r0, r1 = ranks["out-of-step"]
     for r in (r0, r1):
         assert r["served"] == 0 and r["failed"] == 1, r
         (why, _), = r["fallbacks"].items()
