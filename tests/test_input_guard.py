@@ -1,5 +1,6 @@
 """input_guard on the engine's real TokenizerManager (built on CPU from the tiny dense model,
-vocabulary 1024; installed by the production installer), the engine's real HTTP app driven
+vocabulary 1024, for each test; the guard installed by the production installer once per module
+and reset before each test: tests/input_guard_fixtures.py), the engine's real HTTP app driven
 through it, and its check on its own. The real server: tests/e2e/test_e2e_faults.py."""
 import asyncio
 import inspect
@@ -12,9 +13,9 @@ import pytest
 
 from adapter import input_guard, receipts
 from conftest import close_zmq_sockets, run_two_ranks_modes
+from input_guard_fixtures import KEYS, guard_install_of_the_module, input_guard_installed  # noqa: F401
 
 VOCAB = 1024
-KEYS = {"DSV41_INPUT_GUARD": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -36,15 +37,13 @@ def _real_manager(dense_model, **server_args):
 
 
 @pytest.fixture
-def manager(install_adapters, dense_model):
-    """The engine's real TokenizerManager with the guard installed, a tokenizer-role engine
-    config active for the call (use_context: nothing published globally)."""
-    status = install_adapters(KEYS)
-    assert status["input_guard"].status == "installed", status["input_guard"]
+def manager(input_guard_installed, dense_model):  # noqa: F811
+    """The engine's real TokenizerManager, built for this test, with the guard installed (the
+    module's install, reset as a fresh one), a tokenizer-role engine config active for the call
+    (use_context: nothing published globally)."""
     from sglang.srt import runtime_context as rc
 
     args, build = _real_manager(dense_model)
-    receipts.forget("input_guard")
     with rc.use_context(rc.create_context(args, role="tokenizer")):
         tm = build()
         try:
@@ -52,7 +51,6 @@ def manager(install_adapters, dense_model):
             yield tm
         finally:
             assert close_zmq_sockets(tm) == 2           # its detokenizer PULL, its scheduler PUSH
-    receipts.forget("input_guard")
 
 
 def _tokenize(tm, input_ids, **extra):
@@ -438,8 +436,7 @@ def test_sessions_cannot_be_opened_or_closed(manager):
         asyncio.run(manager.close_session(CloseSessionReqInput(session_id="another-clients")))
 
 
-def test_the_scheduler_searches_stop_regex_on_re2_in_linear_time(install_adapters):
-    install_adapters(KEYS)
+def test_the_scheduler_searches_stop_regex_on_re2_in_linear_time(input_guard_installed):  # noqa: F811
     from sglang.srt.managers import schedule_batch
 
     assert isinstance(schedule_batch.re, input_guard.Re2Search)
@@ -834,19 +831,17 @@ class _Dispatched(Exception):
 
 
 @pytest.fixture
-def app_client(install_adapters, dense_model):
+def app_client(input_guard_installed, dense_model):  # noqa: F811
     """The engine's HTTP app with its lifespan run (its serving handlers built) over the engine's
-    real TokenizerManager with the guard installed; what would go to the scheduler is recorded at
-    `_dispatch_to_scheduler` and the request stopped there."""
-    status = install_adapters(KEYS)
-    assert status["input_guard"].status == "installed", status["input_guard"]
+    real TokenizerManager, built for this test, with the guard installed (the module's install,
+    reset as a fresh one); what would go to the scheduler is recorded at `_dispatch_to_scheduler`
+    and the request stopped there."""
     from sglang.srt import runtime_context as rc
     from sglang.srt.entrypoints import http_server as hs
     from sglang.srt.parser.template_manager import TemplateManager
     from starlette.testclient import TestClient
 
     args, build = _real_manager(dense_model)
-    receipts.forget("input_guard")
     sent = []
     with rc.use_context(rc.create_context(args, role="tokenizer")):
         tm = build()
@@ -876,7 +871,6 @@ def app_client(install_adapters, dense_model):
             hs.set_global_state(saved)
             hs.app.user_middleware[:] = middleware      # what the lifespan added (metrics off: none)
             hs.app.middleware_stack = None              # built again by the next test's app
-    receipts.forget("input_guard")
 
 
 def test_every_route_of_the_app_is_classified():

@@ -3,11 +3,15 @@ Ollama routes (`options.seed` to the engine's `sampling_seed`, option types, the
 ValueError answered 400), `/vertex_generate` (its body checked before `GenerateReqInput(**...)`),
 driven through the engine's real app and real TokenizerManager (tests/test_input_guard.py's
 `app_client`: what would go to the scheduler is recorded and the request stopped there); and the
-pooling fields against the engine's pooling path, on the real TokenizerManager."""
+pooling fields against the engine's pooling path, on the real TokenizerManager. Each test builds
+its own TokenizerManager (and app lifespan) on the guard installed once for the module and reset
+before each test (tests/input_guard_fixtures.py); the tests that install with keys of their own
+install for themselves."""
 import pytest
 
 from adapter import input_guard, receipts
 from conftest import close_zmq_sockets
+from input_guard_fixtures import guard_install_of_the_module, input_guard_installed  # noqa: F401
 from test_input_guard import (  # noqa: F401
     CHAT, KEYS, VOCAB, _real_manager, _tokenize, app_client, dense_model, manager)
 
@@ -157,20 +161,18 @@ def test_pooling_shapes_the_engine_cannot_serve_are_400(manager, pool, extra, ma
 
 
 @pytest.fixture
-def chunked_manager(install_adapters, dense_model):  # noqa: F811
-    """The engine's TokenizerManager of a line launched with --chunked-prefill-size 16."""
+def chunked_manager(input_guard_installed, dense_model):  # noqa: F811
+    """The engine's TokenizerManager of a line launched with --chunked-prefill-size 16, with the
+    guard installed (the module's install, reset as a fresh one)."""
     from sglang.srt import runtime_context as rc
 
-    assert install_adapters(KEYS)["input_guard"].status == "installed"
     args, build = _real_manager(dense_model, chunked_prefill_size=16)
-    receipts.forget("input_guard")
     with rc.use_context(rc.create_context(args, role="tokenizer")):
         tm = build()
         try:
             yield tm
         finally:
             close_zmq_sockets(tm)
-    receipts.forget("input_guard")
 
 
 def test_a_pooled_prompt_longer_than_one_chunk_is_400(chunked_manager):

@@ -1,6 +1,7 @@
 """input_guard, issue 50's two remaining bounds, through the engine's real app and TokenizerManager
 (tests/test_input_guard.py's `app_client`: what would go to the scheduler is recorded and the
-request stopped there):
+request stopped there; each test builds its own, on the guard installed once for the module and
+reset before each test: tests/input_guard_fixtures.py):
 
 - the chat-like routes' text: their handlers render the chat template over `messages` and tools,
   tokenize or decode the body's text before any request reaches generate_request (where the
@@ -17,6 +18,7 @@ import pytest
 
 from adapter import input_guard
 from adapter.input_guard import rules
+from input_guard_fixtures import guard_install_of_the_module, input_guard_installed  # noqa: F401
 from test_input_guard import CHAT, app_client, dense_model  # noqa: F401
 
 KEY = "DSV41_INPUT_GUARD_MAX_TEXT_CHARS"
