@@ -702,3 +702,98 @@ def test_embedding_batch_reads_only_the_fields_the_body_sent():
     assert ig.check_embedding_batch(types.SimpleNamespace(input_ids=[[1], [2]])) is None
     assert ig.check_embedding_batch(types.SimpleNamespace(text=["a", "b"], rid="r")) == (
         "rid = 'r' is str on a batch of 2 prompts: this engine expects a list of rids, one per prompt")
+
+
+# --- survivors of the run at 5b7f78e (bench/mutation.py input_guard, 591 of 1753 checked) -------
+
+def test_logprob_cost_counts_two_samples_as_three_prompts():
+    """n 2: the engine sends the prompt twice plus once for its prefix (n 1: once)."""
+    assert _cost(top_logprobs_num=1, sampling_params={"n": 2}) == (
+        "asks for 15 prompt log-prob entries ((top_logprobs_num 1 + 0 token_ids_logprob) x 5 prompt "
+        "positions from logprob_start_len 0 x 3 samples (n 2 and the prefix request)), over this "
+        "line's limit of 10 (DSV41_INPUT_GUARD_MAX_LOGPROB_ENTRIES): the tokenizer manager converts "
+        "them all at once")
+    assert _cost(top_logprobs_num=2, sampling_params={"n": 1}) is None     # 10: at the limit
+
+
+def test_a_seed_at_the_int64_edges_and_a_bool_that_is_not_one():
+    seed = ": this engine expects an integer in [-2**63, 2**63 - 1]"
+    for fine in (-(2**63), 2**63 - 1, 0):
+        assert ig.check_sampling_value("sampling_seed", fine, "p") is None
+    for bad in (2**63, -(2**63) - 1):
+        assert ig.check_sampling_value("sampling_seed", bad, "p") == f"p.sampling_seed = {bad} is not a seed" + seed
+    assert ig.check_sampling_value("sampling_seed", True, "p") == "p.sampling_seed = True is not a seed" + seed
+
+
+@pytest.mark.parametrize("name", ["stop", "stop_regex"])
+def test_stops_are_a_string_or_a_list_of_strings(name):
+    for fine in (None, "abc", ["a", "b"], []):
+        assert ig.check_sampling_value(name, fine, "p") is None
+    assert ig.check_sampling_value(name, ["a", 1], "p") == (
+        f"p.{name} = ['a', 1] is a list: this engine expects a string or a list of strings")
+    assert ig.check_sampling_value(name, 5, "p") == (
+        f"p.{name} = 5 is int: this engine expects a string or a list of strings")
+
+
+def test_pooling_messages_whole():
+    ids = array("q", [5, 6, 7])
+    empty = _req(input_ids=ids, token_indices_to_pool=[], sampling_params={"max_new_tokens": 0},
+                 return_logprob=True, logprob_start_len=0)
+    assert ig.check_pooling(empty, 3, None) == (
+        "token_indices_to_pool", "token_indices_to_pool = [] has no position: this engine pools at "
+                                 "least one position of the prompt per request")
+    cached = _req(input_ids=ids, token_indices_to_pool=[1], sampling_params={"max_new_tokens": 0},
+                  return_logprob=False, logprob_start_len=0)
+    assert ig.check_pooling(cached, 3, None)[1].endswith(
+        "with return_logprob true and logprob_start_len 0 (its own scoring shape); got return_logprob "
+        "False, logprob_start_len 0")
+    scoring = _req(input_ids=ids, token_indices_to_pool=[1], sampling_params={"max_new_tokens": 0},
+                   return_logprob=True, logprob_start_len=0)
+    assert ig.check_pooling(scoring, 3, None) is None
+
+
+def test_a_pydantic_bodys_extra_fields_are_its_text_too():
+    """A chat request model that allows extra fields keeps them apart (`__pydantic_extra__`): they
+    are rendered like the others, so they count."""
+    import pydantic
+
+    class Body(pydantic.BaseModel, extra="allow"):
+        model: str = "m"
+
+    class Strict(pydantic.BaseModel):
+        model: str = "m"
+
+    assert rules._model_fields(Body(extra_text="x" * 7)) == {"model": "m", "extra_text": "x" * 7}
+    assert rules._model_fields(Strict()) == {"model": "m"}
+    assert rules._model_fields(5) is None
+    limits = ig.Limits(text_chars=5)
+    assert ig.check_body_text(Body(extra_text="x" * 7), "/v1/chat/completions", limits).startswith(
+        "/v1/chat/completions: this request's text is over 5 characters, this line's limit per "
+        f"request ({ig.LIMIT_KEYS['text_chars']}); extra_text holds 7 of them")
+
+
+def test_body_text_message_whole_and_each_field_after_the_unrendered_ids_counted():
+    limits = ig.Limits(text_chars=10)
+    why = (": the engine renders, tokenizes or decodes a request's text on its HTTP server before the "
+           "request reaches the guard's other checks, where every other client waits (counted: every "
+           "string of the body and one per list item; a chat request's input_ids and, with them, its "
+           "messages are not rendered and not counted)")
+    # the unrendered ids first: skipped, and the fields after them still counted
+    body = {"input_ids": [1] * 50, "messages": ["m" * 40], "tools": ["t" * 20]}
+    assert ig.check_body_text(body, "/r", limits) == (
+        f"/r: this request's text is over 10 characters, this line's limit per request "
+        f"({ig.LIMIT_KEYS['text_chars']}); tools holds 26 of them" + why)
+    # a field's walk stops at what is left of the bound: nothing is left after big's own key
+    # (8 + 3 > 10), so its strings are not walked and abc, 8, holds the most
+    assert ig.check_body_text({"abc": "x" * 5, "big": ["y" * 5, "y" * 5]}, "/r", limits).startswith(
+        "/r: this request's text is over 10 characters, this line's limit per request "
+        f"({ig.LIMIT_KEYS['text_chars']}); abc holds 8 of them")
+
+
+def test_grammar_share_of_a_request_without_grammars_and_an_empty_peer():
+    assert ig.check_grammar_share("host a", 9, 0, 2, 4) is None        # nothing added: never refused
+    assert ig.check_grammar_share("host a", 1, 1, 2, 4) is None        # 2: at the share
+    assert ig.client_of("", None, 0) == "host unknown"
+    assert ig.client_of(None, None, 0) == "host unknown"
+    assert ig.client_of("10.0.0.1", " gw ", 0) == "host 10.0.0.1"
+    assert ig.client_of("10.0.0.1", " gw ", 1) == "header gw"

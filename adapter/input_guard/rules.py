@@ -202,7 +202,7 @@ def first_out_of_range(a, vocab: int):
     64-bit a negative id is above any vocabulary."""
     if a.size == 0:
         return None
-    u = a.astype(np.int64, copy=False).view(np.uint64)     # no copy when already int64
+    u = np.asarray(a, np.int64).view(np.uint64)     # no copy when already int64
     if u[u.argmax()] < vocab:           # argmax: a third of max()'s fixed cost on short prompts
         return None
     bad = u >= vocab
@@ -480,10 +480,12 @@ def check_pooling(tokenized, prompt_len, chunk: int | None):
       list (AssertionError / IndexError in the first chunk);
     - an empty list: `torch.cat` of nothing when the batch holds no other pooled request;
     - order and duplicates are served (one row each, in the order given)."""
-    value = getattr(tokenized, POOL, None)
+    # both of the engine's tokenized structs declare the pooling field; only the generate one the
+    # log-prob fields (read below, after the embedding's return)
+    value = tokenized.token_indices_to_pool
     if value is None or not hasattr(tokenized, "top_logprobs_num"):    # embedding: its own pooler
         return None
-    max_new = getattr(tokenized.sampling_params, "max_new_tokens", None)
+    max_new = tokenized.sampling_params.max_new_tokens
     if max_new != 0:
         return POOL, (f"{POOL} is read only on a prefill-only request (sampling_params."
                       f"max_new_tokens 0); with max_new_tokens {_short(max_new)} this engine "
@@ -491,11 +493,11 @@ def check_pooling(tokenized, prompt_len, chunk: int | None):
     if isinstance(value, (list, tuple)) and not value:
         return POOL, (f"{POOL} = [] has no position: this engine pools at least one position of "
                       "the prompt per request")
-    if not getattr(tokenized, "return_logprob", False) or tokenized.logprob_start_len != 0:
+    if not tokenized.return_logprob or tokenized.logprob_start_len != 0:
         return POOL, (f"{POOL} indexes the rows of this request's prefill, which start after any "
                       "prefix the radix cache serves: this engine keeps the prefill whole only "
                       "with return_logprob true and logprob_start_len 0 (its own scoring shape); "
-                      f"got return_logprob {_short(getattr(tokenized, 'return_logprob', None))}, "
+                      f"got return_logprob {_short(tokenized.return_logprob)}, "
                       f"logprob_start_len {_short(tokenized.logprob_start_len)}")
     if chunk is not None and chunk > 0 and prompt_len is not None and prompt_len > chunk:
         return POOL, (f"{POOL} on a prompt of {prompt_len} tokens: this line prefills in chunks of "
@@ -505,7 +507,9 @@ def check_pooling(tokenized, prompt_len, chunk: int | None):
 
 
 def check_logprob_cost(tokenized, prompt_len, limits: Limits):
-    if not getattr(tokenized, "return_logprob", False) or prompt_len is None:
+    """A message when a generate request's prompt log-probs are over the line's bound (`check`
+    calls it for the engine's TokenizedGenerateReqInput only), else None."""
+    if not tokenized.return_logprob or prompt_len is None:
         return None
     k = tokenized.top_logprobs_num if _is_int(tokenized.top_logprobs_num) else 0
     t = len(tokenized.token_ids_logprob or ())
@@ -513,7 +517,7 @@ def check_logprob_cost(tokenized, prompt_len, limits: Limits):
     positions = max(prompt_len - start, 0) if _is_int(start) and start >= 0 else 0
     # with n > 1 the engine sends this one tokenized prompt n times plus once to cache its
     # prefix, each computing its prompt log-probs (issue 50: the bound is the whole request's)
-    n = getattr(getattr(tokenized, "sampling_params", None), "n", 1)
+    n = tokenized.sampling_params.n
     samples = n + 1 if _is_int(n) and n > 1 else 1
     entries = (max(k, 0) + t) * positions * samples
     if entries > limits.logprob_entries:
@@ -879,8 +883,8 @@ def _model_fields(obj):
         return obj
     if not hasattr(type(obj), "model_fields"):
         return None
-    fields = dict(getattr(obj, "__dict__", None) or {})
-    extra = getattr(obj, "__pydantic_extra__", None)
+    fields = dict(vars(obj))                    # a pydantic model's field values
+    extra = obj.__pydantic_extra__              # None unless its model allows extra fields
     if isinstance(extra, dict):
         fields.update(extra)
     return fields
