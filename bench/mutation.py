@@ -145,6 +145,7 @@ MODULES: dict[str, dict] = {
             "adapter.input_guard.rules:compile_workers", "adapter.input_guard.rules:grammar_share",
             "adapter.input_guard.rules:grammar_keys",
             "adapter.input_guard.rules:client_of", "adapter.input_guard.rules:check_grammar_share",
+            "adapter.input_guard.rules:check_chat_messages",
         ],
         "tests": ["tests/test_input_guard.py", "tests/test_input_guard_mutants.py",
                   "tests/test_input_guard_routes.py", "tests/test_input_guard_text_routes.py"],

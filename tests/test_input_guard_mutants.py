@@ -797,3 +797,14 @@ def test_grammar_share_of_a_request_without_grammars_and_an_empty_peer():
     assert ig.client_of(None, None, 0) == "host unknown"
     assert ig.client_of("10.0.0.1", " gw ", 0) == "host 10.0.0.1"
     assert ig.client_of("10.0.0.1", " gw ", 1) == "header gw"
+
+
+def test_an_empty_conversation_only_where_the_route_does_not_check_it():
+    empty = ("/api/chat: messages = [] has no message: this engine renders the conversation with the "
+             "model's chat template, which needs at least one message")
+    assert ig.check_chat_messages({"messages": []}, "/api/chat") == empty
+    assert ig.check_chat_messages({"messages": ()}, "/api/chat") == empty
+    assert ig.check_chat_messages({"messages": [{"role": "user"}]}, "/api/chat") is None
+    assert ig.check_chat_messages({"model": "m"}, "/api/chat") is None
+    assert ig.check_chat_messages(5, "/api/chat") is None
+    assert ig.check_chat_messages({"messages": []}, "/v1/chat/completions") is None   # its own 400

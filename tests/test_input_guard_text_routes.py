@@ -265,3 +265,24 @@ def test_an_exception_while_wrapping_never_stops_the_server(monkeypatch):
     input_guard.hooks.install_text_routes(object(), guard, said.append)
     assert said == ["the chat-route text bound could not be added (RuntimeError: boom); those "
                     "routes render and tokenize as the engine does"]
+
+
+def test_an_empty_ollama_conversation_is_400_not_the_templates_500(client, monkeypatch):
+    """/api/chat renders its messages with the tokenizer's chat template, which raises ValueError on
+    an empty conversation (the route's 500: found by the suite's fuzz); refused before it renders.
+    One message is rendered and reaches the scheduler (its control)."""
+    from sglang.srt.entrypoints import http_server as hs
+
+    (client, sent), _ = client
+    rendered = []
+    tokenizer = hs.get_global_state().tokenizer_manager.tokenizer
+    monkeypatch.setattr(tokenizer, "apply_chat_template",
+                        lambda *a, **k: rendered.append(a) or [5, 6], raising=False)
+    resp = client.post("/api/chat", json={"model": "m", "messages": [], "stream": False})
+    assert resp.status_code == 400, resp.text
+    assert ("/api/chat: messages = [] has no message: this engine renders the conversation with the "
+            "model's chat template, which needs at least one message") in resp.text
+    assert rendered == [] and sent == []
+    client.post("/api/chat", json={"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                   "stream": False})
+    assert len(rendered) == 1 and len(sent) == 1

@@ -19,7 +19,7 @@ from adapter.input_guard.rules import (
     Re2Search, Unchecked, check, check_embedding_batch, check_grammar_share, check_ollama_options,
     check_parse_size, check_prompt_present, check_samples, check_text_size, check_vertex,
     client_of, compile_workers, grammar_keys, grammar_share, kind_of, re2_module)
-from adapter.input_guard.rules import check_body_text, check_request_logprobs
+from adapter.input_guard.rules import check_body_text, check_chat_messages, check_request_logprobs
 from adapter.tp_group import all_reduce_max
 
 SB = "sglang.srt.managers.schedule_batch"
@@ -823,12 +823,15 @@ def guard_text_routes(app, guard: Guard, fallback) -> list[str]:
             current = INSTALLED.get("guard", guard)      # this process's latest install
             try:
                 message = check_body_text(values.get("request"), path, current.limits)
+                empty = check_chat_messages(values.get("request"), path)
             except Exception as exc:  # noqa: BLE001 - fail closed, as the choke point
                 current.reject("unchecked", f"input_guard could not check this request "
                                             f"({type(exc).__name__}); it is refused rather than "
                                             "rendered unchecked")
             if message is not None:
                 current.reject("text_chars", message)
+            if empty is not None:
+                current.reject("messages", empty)
             return await original(**values)
 
         guarded._dsv41_guarded = True

@@ -958,6 +958,26 @@ def check_body_text(body, route: str, limits: Limits):
 
 # ---- log-prob entries of the whole request, before the engine's normalisation (issue 50) -----------
 
+# The chat routes whose handler renders `messages` with the tokenizer's chat template without first
+# checking there is one: the engine's Ollama chat (`apply_chat_template` on the loop; transformers
+# raises ValueError "Cannot apply chat template to an empty conversation", which that route answers
+# 500: found by the suite's fuzz once its boot had a chat template). The OpenAI and Anthropic
+# handlers answer an empty conversation 400 themselves.
+EMPTY_CONVERSATION_ROUTES = ("/api/chat",)
+
+
+def check_chat_messages(body, route: str):
+    """A message when a chat route that does not check it gets an empty `messages`, else None."""
+    if route not in EMPTY_CONVERSATION_ROUTES:
+        return None
+    fields = _model_fields(body)
+    messages = None if fields is None else fields.get("messages")
+    if isinstance(messages, (list, tuple)) and not messages:
+        return (f"{route}: messages = [] has no message: this engine renders the conversation with "
+                "the model's chat template, which needs at least one message")
+    return None
+
+
 def _per_prompt(value, i: int):
     """A request field's value for prompt i: the batch form is a list, one value per prompt."""
     return value[i] if isinstance(value, list) and i < len(value) else value

@@ -82,9 +82,13 @@ STOCK_REPLAY = os.environ.get("DSV41_FUZZ_STOCK") == "1"
 STOCK_BOOTS = 2             # boots for the replay; one more for the admin request if stock is dead
 ADMIN = "/dump_expert_distribution_record"
 SCHED_ERRORS = ("Scheduler hit an exception", "Traceback (most recent call last)")
-# 5xx that are the server's own faults, by the server's exception line (issue 50): the dense CPU
-# model's tokenizer has no chat template (the Ollama chat route applies it before any request).
-SERVER_FAULTS = ("chat_template is not set", "Cannot use chat template")
+# 5xx that are the server's own faults, by the server's exception line (issue 50): none since the
+# boot has a chat template (below). The dense CPU model's tokenizer has none of its own (the served
+# DeepSeek-V4.1 has), and without one every `/api/chat` body ended in the engine's 500 ("Cannot
+# use chat template functions") before its sampling path: the boot gives it CHAT_TEMPLATE with the
+# engine's own `--chat-template`, so `/api/chat` and the other chat routes reach their sampling path.
+SERVER_FAULTS: tuple = ()
+CHAT_TEMPLATE = pathlib.Path(__file__).with_name("chat_template.jinja")
 PROBES = ((11, 40), (12, 1300))     # (seed, tokens): a short prompt and a chunked one (1024 chunks)
 JSON = {"Content-Type": "application/json"}
 
@@ -330,7 +334,8 @@ def replay_on_stock(bodies: list[tuple], tmp: pathlib.Path) -> dict:
     def new_boot():
         out["boots"] += 1
         try:
-            return Boot(f"fuzz-stock-{out['boots']}", {}, CTRL_ARGS, tmp / f"stock-{out['boots']}").start()
+            args = {**CTRL_ARGS, "--chat-template": str(CHAT_TEMPLATE)}
+            return Boot(f"fuzz-stock-{out['boots']}", {}, args, tmp / f"stock-{out['boots']}").start()
         except BootError as exc:        # the boot stopped its processes before raising
             out["boot_error"] = exc.summary()
             return None
@@ -445,7 +450,9 @@ class Beside:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fuzz")
-    prod = Boot("fuzz-production", PROD_KEYS, {**PROD_ARGS, "--enable-metrics": ""}, tmp / "production")
+    prod = Boot("fuzz-production", PROD_KEYS,
+                {**PROD_ARGS, "--enable-metrics": "", "--chat-template": str(CHAT_TEMPLATE)},
+                tmp / "production")
     out: dict = {"tmp": tmp}
     try:
         prod.start()
