@@ -808,3 +808,77 @@ def test_an_empty_conversation_only_where_the_route_does_not_check_it():
     assert ig.check_chat_messages({"model": "m"}, "/api/chat") is None
     assert ig.check_chat_messages(5, "/api/chat") is None
     assert ig.check_chat_messages({"messages": []}, "/v1/chat/completions") is None   # its own 400
+
+
+# --- survivors of the run at f4e855e (bench/mutation.py input_guard) ---------------------------
+
+def _namespace_gen(**fields):
+    return types.SimpleNamespace(**{"text": None, "input_ids": None, "input_embeds": None,
+                                    "sampling_params": None, **fields})
+
+
+def test_grammar_keys_one_per_grammar_whatever_its_form():
+    import hashlib
+
+    def keys(sp, **fields):
+        return rules.grammar_keys(_namespace_gen(text=["a", "b"] if isinstance(sp, list) else "a",
+                                                 sampling_params=sp, **fields))
+
+    sha = hashlib.sha256("a+".encode()).hexdigest()
+    assert keys([{}, {"regex": "a+", "n": 3}]) == [(("regex", sha), 3)]      # a prompt without one skipped
+    one, two = keys({"json_schema": {"b": 1, "a": [2]}}), keys({"json_schema": {"a": [2], "b": 1}})
+    assert one == two and one[0][0][0] == "json_schema"                     # key order: one grammar
+    assert one[0][0][1] == hashlib.sha256(b'{"a": [2], "b": 1}').hexdigest()
+    assert keys({"json_schema": {"a": 1}}) != keys({"json_schema": {"a": 2}})
+    assert len(keys({"json_schema": {"a": {1, 2}}})) == 1                   # not JSON: its str()
+    assert len(keys({"regex": "\ud800"})) == 1                              # a lone surrogate from JSON
+
+
+def test_samples_count_each_prompts_n_and_one_for_a_prompt_without_params():
+    limits = ig.Limits(n=128)
+    two = {"text": ["a", "b"]}
+    assert ig.check_samples(_namespace_gen(**two, sampling_params=[{}, {"n": 127}]), limits) is None
+    assert ig.check_samples(_namespace_gen(**two, sampling_params=[None, {"n": 127}]), limits) is None
+    assert ig.check_samples(_namespace_gen(**two, sampling_params=[{}, {"n": 128}]), limits) == (
+        "this request asks for 129 samples (2 prompts, sampling_params.n summed), over this line's "
+        f"limit of 128 samples per request, all its prompts together ({ig.LIMIT_KEYS['n']})")
+    assert ig.check_samples(_namespace_gen(text=["a", "b", "c"], sampling_params=None),
+                            ig.Limits(n=3)) is None
+
+
+def test_text_size_walks_on_at_the_bound_and_the_text_message_whole():
+    assert rules.text_size(["ab", "cd"], 2) == 4         # 2 items: at the bound, the walk goes on
+    assert ig.check_text_size(_namespace_gen(text="x" * 11), ig.Limits(text_chars=10)) == (
+        f"text has 11 characters, over this line's limit of 10 per request "
+        f"({ig.LIMIT_KEYS['text_chars']}): the engine tokenizes text on its HTTP event loop, where "
+        "every other client waits; send the prompt as input_ids instead")
+
+
+def test_sampling_value_types_of_stop_ids_logit_bias_and_grammars():
+    for name, fine, bad, expects in (("stop_token_ids", [1, 2], ["a"], "a list of token ids"),
+                                     ("logit_bias", {}, [1], "an object of token id -> bias"),
+                                     ("regex", "a+", ["a"], "one string")):
+        assert ig.check_sampling_value(name, None, "p") is None
+        assert ig.check_sampling_value(name, fine, "p") is None, name
+        assert ig.check_sampling_value(name, bad, "p") == (
+            f"p.{name} = {bad!r} is {'a list'}: this engine expects {expects}")
+
+
+def test_request_logprobs_single_forms_and_each_prompts_own_fields():
+    limits = ig.Limits(logprob_entries=100)
+    # a single text prompt: left to the choke point's exact count
+    assert ig.check_request_logprobs(_logprob_req(text="x" * 500), limits) is None
+    # a single ids prompt: counted here (no text field on the body)
+    assert ig.check_request_logprobs(_logprob_req(input_ids=[1] * 30), limits).startswith(
+        "this request asks for 150 prompt log-prob entries (1 prompt; ")
+    # token ids asked by id count too
+    ids = _logprob_req(input_ids=[[1] * 30, [2] * 30], top_logprobs_num=0, token_ids_logprob=[1, 2])
+    assert ig.check_request_logprobs(ids, limits).startswith("this request asks for 120 ")
+    # a prompt without log-probs is skipped, the next one still counted
+    mixed = _logprob_req(input_ids=[[1] * 30, [2] * 30], return_logprob=[False, True])
+    assert ig.check_request_logprobs(mixed, limits).startswith("this request asks for 150 ")
+    # a body without logprob_start_len: no prompt log-probs asked
+    bare = types.SimpleNamespace(input_ids=[[1] * 30, [2] * 30], return_logprob=True, top_logprobs_num=5)
+    assert ig.check_request_logprobs(bare, limits) is None
+    no_flag = types.SimpleNamespace(input_ids=[[1] * 30, [2] * 30], top_logprobs_num=5, logprob_start_len=0)
+    assert ig.check_request_logprobs(no_flag, limits) is None
