@@ -133,15 +133,22 @@ def _start_forked(code: str, cases, preload: str, out_dir: pathlib.Path, env: di
                             start_new_session=True)
 
 
+def _stop_driver(proc) -> None:
+    """Kill a fork driver and the case it is running (its own session: one process group)."""
+    import signal
+
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+
+
 def _forked_results(proc, out_dir: pathlib.Path, n: int, timeout) -> list:
     import json
-    import signal
 
     try:
         log = proc.communicate(timeout=timeout)[0]
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)            # the driver and the case it was running
-        proc.communicate()
+        _stop_driver(proc)
         raise
     assert proc.returncode == 0, f"the fork driver failed: {log[-3000:]}"
     codes = json.loads((out_dir / "codes.json").read_text())
@@ -177,9 +184,7 @@ def run_two_ranks_modes(code: str, tmp_path, modes, preload: str, env: dict | No
         results = {r: _forked_results(procs[r], dirs[r], len(modes), timeout) for r in (0, 1)}
     finally:                        # one rank failed: the other may wait for it in a collective
         for proc in procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, 9)
-                proc.communicate()
+            _stop_driver(proc)
     for r in (0, 1):
         for m, res in zip(modes, results[r]):
             assert res.returncode == 0, f"rank {r}, {m}: {res.stdout[-2000:]}{res.stderr[-3000:]}"
