@@ -882,3 +882,101 @@ def test_request_logprobs_single_forms_and_each_prompts_own_fields():
     assert ig.check_request_logprobs(bare, limits) is None
     no_flag = types.SimpleNamespace(input_ids=[[1] * 30, [2] * 30], top_logprobs_num=5, logprob_start_len=0)
     assert ig.check_request_logprobs(no_flag, limits) is None
+
+
+# --- survivors of the run at 0f20bbc not read before (docs/testing.md, input guard) -------------
+
+def _sent(**fields):
+    """Only the fields a body sent (the engine's struct holds None for the others: a rule reads
+    each with its None default, so an absent one here fails a rule that forgets the default)."""
+    return types.SimpleNamespace(**fields)
+
+
+def test_prompt_present_messages_whole_and_each_form_it_leaves_alone():
+    ids_empty = ("input_ids = [] has no prompt token: this engine expects at least one token id per "
+                 "prompt (or a text)")
+    assert ig.check_prompt_present(_sent(input_ids=[])) == ids_empty
+    assert ig.check_prompt_present(_sent(input_ids=[], input_embeds=[[0.5]])) == ids_empty   # indexed anyway
+    assert ig.check_prompt_present(_sent(input_ids=[[1], []])) == (
+        "input_ids[1] = [] has no prompt token: this engine expects at least one token id per prompt")
+    assert ig.check_prompt_present(_sent(text=[])) == (
+        "text = [] has no prompt: this engine expects at least one prompt")
+    # the same empty entry where the engine does not read the ids as the prompt: left to it
+    assert ig.check_prompt_present(_sent(text="a", input_ids=[[1], []])) is None
+    assert ig.check_prompt_present(_sent(input_ids=[[1], []], input_embeds=[[0.5]])) is None
+    assert ig.check_prompt_present(_sent(input_ids=[[1], []], image_data="img")) is None
+    assert ig.check_prompt_present(_sent(text=[], input_ids=[1])) is None
+    # nothing sent, or a prompt in each form: nothing to say
+    for fine in (_sent(), _sent(text="a"), _sent(text=["a"]), _sent(input_ids=[1]),
+                 _sent(input_ids=[[1], [2]]), _sent(text=None, input_ids=None)):
+        assert ig.check_prompt_present(fine) is None, fine
+
+
+def test_batch_shape_of_each_form_at_its_edges():
+    """(prompts, batch) as the engine's _determine_batch_size decides them; None for a form it does
+    not take."""
+    shape = rules._batch_shape
+    assert shape(_sent(text="a")) == (1, False)
+    assert shape(_sent(text=["a", "b"])) == (2, True)
+    assert shape(_sent(text=5)) is None
+    assert shape(_sent(input_ids=[7])) == (1, False)
+    assert shape(_sent(input_ids=[[7], [8], [9]])) == (3, True)
+    assert shape(_sent(input_ids=[])) is None
+    assert shape(_sent(input_ids=5)) is None
+    assert shape(_sent(input_embeds=[[0.5]])) == (1, False)            # one prompt of one vector
+    assert shape(_sent(input_embeds=[[0.5, 0.25]] * 3)) == (1, False)
+    assert shape(_sent(input_embeds=[[[0.5]], [[0.5]]])) == (2, True)
+    for none in (_sent(), _sent(input_embeds=[]), _sent(input_embeds=[[]]), _sent(input_embeds=[5])):
+        assert shape(none) is None, none
+    assert rules._prompts(_sent()) == 1                                  # a form it does not take: 1
+    assert rules._prompts(_sent(input_ids=[])) == 1
+
+
+def test_the_text_bound_at_a_context_of_one_token_and_an_operators_bound_of_one():
+    assert ig.Limits().with_context(1).text_chars == ig.TEXT_CHARS_PER_TOKEN
+    assert ig.Limits(text_chars=1).with_context(32_768).text_chars == 1
+
+
+def test_pooling_at_the_chunk_edges():
+    def scoring(chunk, prompt_len):
+        req = _req(input_ids=array("q", [5] * prompt_len), token_indices_to_pool=[1],
+                   sampling_params={"max_new_tokens": 0}, return_logprob=True, logprob_start_len=0)
+        return ig.check_pooling(req, prompt_len, chunk)
+
+    assert scoring(1, 2) == ("token_indices_to_pool", (
+        "token_indices_to_pool on a prompt of 2 tokens: this line prefills in chunks of 1 tokens and "
+        "the engine's pooling path indexes each chunk with the whole list; pooled prompts must be at "
+        "most 1 tokens"))
+    assert scoring(1, 1) is None
+    assert scoring(0, 5) is None            # no chunked prefill (the engine's 0 / -1): one prefill
+    assert scoring(-1, 5) is None
+
+
+def test_request_logprobs_each_prompts_own_values_counted_exactly():
+    limits = ig.Limits(logprob_entries=100)
+    two = [[1] * 30, [2] * 30]
+
+    def total(**fields):
+        message = ig.check_request_logprobs(_logprob_req(input_ids=two, **fields), ig.Limits(logprob_entries=1))
+        return None if message is None else int(message.split(" prompt log-prob")[0].rsplit(" ", 1)[1].replace(",", ""))
+
+    assert total() == 300                                                 # 2 x 30 x 5
+    assert total(top_logprobs_num=0, token_ids_logprob=[[1, 2], [3, 4, 5]]) == 150    # each its own ids
+    assert total(top_logprobs_num=0, token_ids_logprob=[[1, 2]]) == 2 * 30 + 1 * 30   # a short list whole
+    assert total(top_logprobs_num=2, token_ids_logprob=[1, 2]) == 240     # top and ids: 4 per position
+    assert total(top_logprobs_num=1) == 60
+    assert total(top_logprobs_num=[0, 5]) == 150                          # the first skipped, the next counted
+    assert total(logprob_start_len=[-1, 0]) == 150
+    assert total(logprob_start_len=10) == 200                             # from position 10 on
+    assert total(logprob_start_len=40) is None                            # past the prompt: none
+    assert total(top_logprobs_num=0) is None
+    assert total(top_logprobs_num=-3) is None
+    # samples: one count each (n + 1 with n > 1), or summed when the prompts differ
+    assert ig.check_request_logprobs(_logprob_req(input_ids=two, sampling_params=[{"n": 1}, {"n": 2}]),
+                                     limits) == (
+        "this request asks for 600 prompt log-prob entries (2 prompts, samples summed; "
+        "(top_logprobs_num + token_ids_logprob) x prompt positions from logprob_start_len, per sample), "
+        "over this line's limit of 100 per request, all its prompts and samples together "
+        f"({ig.LIMIT_KEYS['logprob_entries']}): the tokenizer manager converts them on the HTTP event loop")
+    assert ig.check_request_logprobs(_logprob_req(input_ids=two, sampling_params={"n": 2}), limits).startswith(
+        "this request asks for 900 prompt log-prob entries (2 prompts, 3 samples each; ")
