@@ -826,6 +826,7 @@ def test_grammar_keys_one_per_grammar_whatever_its_form():
 
     sha = hashlib.sha256("a+".encode()).hexdigest()
     assert keys([{}, {"regex": "a+", "n": 3}]) == [(("regex", sha), 3)]      # a prompt without one skipped
+    assert keys([None, {"regex": "a+"}]) == [(("regex", sha), 1)]            # and one without params
     one, two = keys({"json_schema": {"b": 1, "a": [2]}}), keys({"json_schema": {"a": [2], "b": 1}})
     assert one == two and one[0][0][0] == "json_schema"                     # key order: one grammar
     assert one[0][0][1] == hashlib.sha256(b'{"a": [2], "b": 1}').hexdigest()

@@ -56,20 +56,11 @@ P8 = [5, 6, 7, 8, 9, 10, 11, 12]
 SCORING = {"return_logprob": True, "logprob_start_len": 0, "token_ids_logprob": [5, 6]}
 
 
-def _boot(tmp_path_factory, name, keys, extra_env=None):
-    srv = CpuServer(MODEL, keys=keys, args=ARGS, name=name, extra_env=dict(extra_env or {}),
-                    log_dir=tmp_path_factory.mktemp(name))
-    srv.start()
-    return srv
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = _boot(tmp_path_factory, "guard-costs", KEYS, PLANTED)
-    try:
+    with CpuServer(MODEL, keys=KEYS, args=ARGS, name="guard-costs", extra_env=dict(PLANTED),
+                   log_dir=tmp_path_factory.mktemp("guard-costs")) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def _post(server, path, body, timeout=120):

@@ -36,13 +36,9 @@ P8 = [5, 6, 7, 8, 9, 10, 11, 12]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = CpuServer(MODEL, keys=KEYS, args=ARGS, name="guard-grammar",
-                    log_dir=tmp_path_factory.mktemp("guard-grammar"))
-    srv.start()
-    try:
+    with CpuServer(MODEL, keys=KEYS, args=ARGS, name="guard-grammar",
+                   log_dir=tmp_path_factory.mktemp("guard-grammar")) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def _post(server, path, body, timeout=120):

@@ -43,14 +43,9 @@ ENGINE_DEFAULT_SEED = 42     # SamplingBatchInfo.from_schedule_batch, for an uns
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = CpuServer(MODEL, keys=PROD_KEYS, args=ARGS, name="seed",
-                    log_dir=tmp_path_factory.mktemp("seed"),
-                    extra_env={deterministic.ENV: "1"})
-    try:
-        srv.start()
+    with CpuServer(MODEL, keys=PROD_KEYS, args=ARGS, name="seed", log_dir=tmp_path_factory.mktemp("seed"),
+                   extra_env={deterministic.ENV: "1"}) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def _ollama(server, seed):
