@@ -50,7 +50,6 @@ import pytest
 import requests
 import schemathesis
 from hypothesis import HealthCheck, Phase, Verbosity
-from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.core import NotSet
 
@@ -266,9 +265,9 @@ def merged(base: dict, over: dict) -> dict:
     return out
 
 
-def body_for(route: str, index: int, drawn, named: dict) -> tuple[str, object]:
+def body_for(route: str, index: int, drawn) -> tuple[str, object]:
     """(form, body) of the route's index-th body (FORMS; "drawn" on a route without sampling),
-    its sampling values seeded by (route, index). `drawn`: schemathesis's body as it is."""
+    its sampling values and option names seeded by (route, index). `drawn`: schemathesis's body."""
     if route not in SERVED:
         return "drawn", drawn
     form = FORMS[index % len(FORMS)]
@@ -278,12 +277,13 @@ def body_for(route: str, index: int, drawn, named: dict) -> tuple[str, object]:
     if not isinstance(drawn, dict):
         return form, drawn
     body = merged(drawn, SERVED[route]) if form == "prompted" else drawn
-    return form, with_sampling(route, body, drawn_sampling(rng, True), named)
+    return form, with_sampling(route, body, drawn_sampling(rng, True), drawn_options(rng))
 
 
 # Ollama's documented options (github.com/ollama/ollama docs/modelfile.md, api.md) and Vertex AI's
 # documented generation parameters, beside random keys (issue 50): each value drawn from valid and
-# wrong types, so the routes meet the names their clients really send.
+# wrong types, so the routes meet the names their clients really send. Drawn with the body's
+# sampling values (the same seeded generator): Hypothesis's first examples here were all `{}`.
 OLLAMA_OPTIONS = ("seed", "num_predict", "stop", "temperature", "top_k", "top_p", "min_p",
                   "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty",
                   "num_ctx", "mirostat", "mirostat_eta", "mirostat_tau", "tfs_z", "typical_p",
@@ -291,16 +291,26 @@ OLLAMA_OPTIONS = ("seed", "num_predict", "stop", "temperature", "top_k", "top_p"
 VERTEX_PARAMETERS = ("temperature", "maxOutputTokens", "topK", "topP", "candidateCount",
                      "stopSequences", "seed", "presencePenalty", "frequencyPenalty",
                      "max_new_tokens", "stream", "return_logprob", "sampling_params")
-OPTION_VALUES = st.one_of(st.integers(-2**63, 2**64), st.floats(allow_nan=False), st.booleans(),
-                          st.text(max_size=8), st.none(), st.lists(st.text(max_size=4), max_size=2))
 
 
-def named_options_strategy():
-    """{"ollama": {...}, "vertex": {...}}: documented names and random keys, valid and wrong values."""
+def drawn_value(rng: random.Random):
+    """One option value: an integer (small, or anywhere in [-2^63, 2^64]), a float, a bool, a short
+    text, None, or a list of short texts."""
+    def text():
+        return "".join(rng.choice("ab \u00e9\n1") for _ in range(rng.randint(0, 8)))
+    return rng.choice((
+        lambda: rng.randint(-2, 64), lambda: rng.randint(-2**63, 2**64), lambda: rng.uniform(-2.0, 2.0),
+        lambda: rng.random() < 0.5, text, lambda: None, lambda: [text() for _ in range(rng.randint(0, 2))],
+    ))()
+
+
+def drawn_options(rng: random.Random) -> dict:
+    """{"ollama": {...}, "vertex": {...}}: 1-4 names each, documented mostly, a random key sometimes."""
     def names(documented):
-        return st.dictionaries(st.one_of(st.sampled_from(documented), st.text(min_size=1, max_size=8)),
-                               OPTION_VALUES, max_size=4)
-    return st.fixed_dictionaries({"ollama": names(OLLAMA_OPTIONS), "vertex": names(VERTEX_PARAMETERS)})
+        return {(rng.choice(documented) if rng.random() < 0.75 else
+                 "".join(rng.choice("abcdefgh_") for _ in range(rng.randint(1, 8)))): drawn_value(rng)
+                for _ in range(rng.randint(1, 4))}
+    return {"ollama": names(OLLAMA_OPTIONS), "vertex": names(VERTEX_PARAMETERS)}
 
 
 def with_sampling(path: str, body: dict, sampling: dict, named: dict | None = None) -> dict:
@@ -335,8 +345,7 @@ def fuzz_strategy(openapi: dict) -> dict:
     found = {op.ok().path: op.ok() for op in schema.include(path=list(ROUTES), method="POST")
              .get_all_operations()}
     assert sorted(found) == sorted(ROUTES), sorted(found)   # every route is in the server's schema
-    return {r: st.tuples(found[r].as_strategy(GenerationMode.POSITIVE), named_options_strategy())
-            for r in ROUTES}
+    return {r: found[r].as_strategy(GenerationMode.POSITIVE) for r in ROUTES}
 
 
 class _Stop(Exception):
@@ -356,13 +365,12 @@ def fuzz(boot: Boot, strategies: dict) -> tuple[list[Sent], Death | None]:
         @hypothesis.settings(max_examples=10 * PER_ROUTE, deadline=None, database=None,
                              phases=[Phase.generate], suppress_health_check=list(HealthCheck),
                              verbosity=Verbosity.quiet, report_multiple_bugs=False)
-        @hypothesis.given(drawn=strategies[route])
-        def one(drawn):
+        @hypothesis.given(case=strategies[route])
+        def one(case):
             index = sum(s.route == route for s in sent)
             if state["death"] or index >= PER_ROUTE:
                 raise _Stop
-            case, named = drawn
-            form, body = body_for(route, index, case.body, named)
+            form, body = body_for(route, index, case.body)
             s = send(boot.server, case.formatted_path, wire(body))
             s.form = form
             sent.append(s)
