@@ -275,7 +275,7 @@ def body_for(route: str, index: int, drawn) -> tuple[str, object]:
     if form == "served":
         return form, with_sampling(route, SERVED[route], drawn_sampling(rng, False))
     if not isinstance(drawn, dict):
-        return form, drawn
+        return "drawn", drawn
     body = merged(drawn, SERVED[route]) if form == "prompted" else drawn
     return form, with_sampling(route, body, drawn_sampling(rng, True), drawn_options(rng))
 
@@ -573,7 +573,7 @@ def _report(runs) -> list[str]:
     statuses = collections.Counter(str(s.status) + (" cut" if s.cut else "") for s in sent)
     lines.append(f"fuzz: production answers {dict(sorted(statuses.items()))} in {runs['fuzz_s']:.0f} s; "
                  f"bodies: {runs['tmp'] / 'bodies.json'}")
-    for form in FORMS[:3]:
+    for form in dict.fromkeys(FORMS):
         of = [s for s in sent if s.form == form and s.route in SERVED]
         lines.append(f"fuzz: {form} bodies on the {len(SERVED)} generating routes: "
                      f"{dict(sorted(collections.Counter(str(s.status) for s in of).items()))}")
