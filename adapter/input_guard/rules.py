@@ -956,8 +956,6 @@ def check_body_text(body, route: str, limits: Limits):
     return None
 
 
-# ---- log-prob entries of the whole request, before the engine's normalisation (issue 50) -----------
-
 # The chat routes whose handler renders `messages` with the tokenizer's chat template without first
 # checking there is one: the engine's Ollama chat (`apply_chat_template` on the loop; transformers
 # raises ValueError "Cannot apply chat template to an empty conversation", which that route answers
@@ -977,6 +975,8 @@ def check_chat_messages(body, route: str):
                 "the model's chat template, which needs at least one message")
     return None
 
+
+# ---- log-prob entries of the whole request, before the engine's normalisation (issue 50) -----------
 
 def _per_prompt(value, i: int):
     """A request field's value for prompt i: the batch form is a list, one value per prompt."""
